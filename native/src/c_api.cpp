@@ -1,0 +1,67 @@
+// The C API that the Python side (benchmarks, tuner) loads with ctypes: the same engine and
+// decision path as the interposer, with explicit settings when asked.
+#include <cstring>
+#include <string>
+
+#include "copy_path.hpp"
+#include "driver.hpp"
+#include "plan.hpp"
+#include "stats.hpp"
+
+#define CMT_EXPORT extern "C" __attribute__((visibility("default")))
+
+#ifndef CMT_VERSION
+#define CMT_VERSION "0.0.0"
+#endif
+
+using namespace cmt;
+
+namespace {
+int copy_string(const std::string& s, char* buf, size_t len) {
+  if (buf && len) {
+    size_t n = std::min(len - 1, s.size());
+    memcpy(buf, s.data(), n);
+    buf[n] = 0;
+  }
+  return static_cast<int>(s.size());
+}
+}  // namespace
+
+CMT_EXPORT const char* cmt_version() { return CMT_VERSION; }
+
+// Replaces the plan in force (the CMT_PLAN string form). Returns 0, or -1 with the reason in err.
+CMT_EXPORT int cmt_configure(const char* plan, char* err, size_t err_len) {
+  std::string why;
+  if (set_active_plan(plan, &why)) return 0;
+  copy_string(why, err, err_len);
+  return -1;
+}
+
+// Writes the plan in force; returns its full length.
+CMT_EXPORT int cmt_active_plan(char* buf, size_t len) { return copy_string(active_plan().to_string(), buf, len); }
+
+CMT_EXPORT int cmt_stats_json(char* buf, size_t len) { return copy_string(stats_json(), buf, len); }
+
+// One host<->device copy with stream semantics like cuMemcpy{HtoD,DtoH}Async_v2.
+// dir: 0 host-to-device, 1 device-to-host. threads == 0: the active plan decides (pass-through
+// included); otherwise stage with these settings. *outcome (if given) says what happened, as an
+// index into the outcome names of cmt_outcome_name().
+CMT_EXPORT CUresult cmt_memcpy(int dir, void* host, CUdeviceptr device, size_t bytes, CUstream stream,
+                               int threads, int buffers, size_t chunk, int* outcome) {
+  const Driver& d = driver(/*load_if_absent=*/true);
+  if (!d.ok) return CUDA_ERROR_NOT_INITIALIZED;
+  Settings forced{threads, buffers, chunk};
+  CopyCall call{dir == 0 ? Direction::HtoD : Direction::DtoH, static_cast<char*>(host), device, bytes, stream,
+                DefaultStream::Legacy, threads > 0 ? &forced : nullptr};
+  CUresult r = CUDA_SUCCESS;
+  Outcome o = try_accelerate(call, &r);
+  if (outcome) *outcome = static_cast<int>(o);
+  if (o == Outcome::Accelerated) return r;
+  return call.dir == Direction::HtoD ? d.cuMemcpyHtoDAsync(device, host, bytes, stream)
+                                     : d.cuMemcpyDtoHAsync(host, device, bytes, stream);
+}
+
+CMT_EXPORT const char* cmt_outcome_name(int outcome) {
+  if (outcome < 0 || outcome >= kOutcomes) return "unknown";
+  return cmt::outcome_name(static_cast<Outcome>(outcome));
+}

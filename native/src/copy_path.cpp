@@ -1,0 +1,127 @@
+#include "copy_path.hpp"
+
+#include <atomic>
+
+#include "driver.hpp"
+#include "engine.hpp"
+
+namespace cmt {
+namespace {
+
+std::atomic<bool> g_disabled{false};
+std::atomic<bool> g_forked{false};
+
+struct PointerInfo {
+  unsigned int memory_type = 0;  // 0: not known to CUDA (pageable host memory)
+  unsigned long long managed = 0;  // a bool in the driver's answer; wide slot, zeroed
+  CUcontext context = nullptr;
+  CUdeviceptr range_start = 0;
+  size_t range_size = 0;
+};
+
+// One driver call per pointer: it never fails on a pointer CUDA does not know.
+bool query_pointer(const Driver& d, CUdeviceptr p, PointerInfo* info) {
+  CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                 CU_POINTER_ATTRIBUTE_CONTEXT, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                 CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+  void* data[] = {&info->memory_type, &info->managed, &info->context, &info->range_start, &info->range_size};
+  return d.cuPointerGetAttributes(5, attrs, data, p) == CUDA_SUCCESS;
+}
+
+// A per-thread event per context, recorded on the caller's stream to wait for its prior work.
+CUevent entry_event(const Driver& d, CUcontext ctx) {
+  constexpr int kSlots = 8;
+  static thread_local CUcontext ctxs[kSlots];
+  static thread_local CUevent events[kSlots];
+  static thread_local int used = 0;
+  for (int i = 0; i < used; ++i) {
+    if (ctxs[i] == ctx) return events[i];
+  }
+  CUevent e = nullptr;
+  if (d.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return nullptr;
+  int i = used < kSlots ? used++ : kSlots - 1;  // beyond 8 contexts a thread recycles the last slot
+  ctxs[i] = ctx;
+  events[i] = e;
+  return e;
+}
+
+Outcome decide_and_copy(const CopyCall& call, CUresult* result) {
+  if (g_disabled.load(std::memory_order_relaxed)) return Outcome::Disabled;
+  if (g_forked.load(std::memory_order_relaxed)) return Outcome::ForkedChild;
+  // Cheapest test first: small copies must cost nothing measurable.
+  Settings settings;
+  if (call.forced) {
+    settings = *call.forced;
+  } else {
+    const Rule& rule = active_plan().lookup(call.dir, call.bytes);
+    if (rule.pass || call.bytes == 0) return Outcome::BelowMinimum;
+    settings = rule.settings;
+  }
+  const Driver& d = driver();
+  if (!d.ok) return Outcome::NoDriver;
+  CUcontext ctx = nullptr;
+  if (d.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx) return Outcome::NoContext;
+
+  PointerInfo host, dev;
+  if (!query_pointer(d, reinterpret_cast<CUdeviceptr>(call.host), &host)) return Outcome::NoContext;
+  if (host.managed) return Outcome::ManagedMemory;
+  if (host.memory_type == CU_MEMORYTYPE_HOST) return Outcome::PinnedHost;
+  if (host.memory_type != 0) return Outcome::NotHostDevice;
+  if (!query_pointer(d, call.device, &dev)) return Outcome::DeviceRange;
+  if (dev.managed) return Outcome::ManagedMemory;
+  // Only a range inside one device allocation of this context is staged: a chunked copy must not
+  // write part of it and then fail where the driver would have refused the whole copy.
+  if (dev.memory_type != CU_MEMORYTYPE_DEVICE || (dev.context && dev.context != ctx) ||
+      call.device < dev.range_start || call.device + call.bytes > dev.range_start + dev.range_size ||
+      call.device + call.bytes < call.device) {
+    return Outcome::DeviceRange;
+  }
+
+  // Resolve stream 0 here, in the caller's thread: legacy or this thread's per-thread stream.
+  CUstream stream = call.stream;
+  if (!stream) stream = call.default_stream == DefaultStream::PerThread ? CMT_STREAM_PER_THREAD : CMT_STREAM_LEGACY;
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (d.cuStreamIsCapturing(stream, &capture) != CUDA_SUCCESS || capture != CU_STREAM_CAPTURE_STATUS_NONE) {
+    return Outcome::Capturing;
+  }
+  // Start after all prior work on the stream (on the legacy stream this includes every blocking
+  // stream), as the driver's staged copy does: record an event there and wait for it.
+  CUevent entry = entry_event(d, ctx);
+  if (!entry) return Outcome::Resources;
+  if (d.cuEventRecord(entry, stream) != CUDA_SUCCESS) return Outcome::StreamContext;
+  if (d.cuEventSynchronize(entry) != CUDA_SUCCESS) return Outcome::StreamContext;
+
+  CopyRequest req{call.dir, ctx, call.host, call.device, call.bytes, stream, settings};
+  CUresult r = engine_copy(req);
+  if (r == CUDA_ERROR_NOT_READY) return Outcome::Resources;
+  *result = r;
+  return Outcome::Accelerated;
+}
+
+}  // namespace
+
+Outcome try_accelerate(const CopyCall& call, CUresult* result) {
+  Outcome o = decide_and_copy(call, result);
+  record(call.dir, o, call.bytes);
+  return o;
+}
+
+bool classify_uva(CUdeviceptr dst, CUdeviceptr src, Direction* dir) {
+  const Driver& d = driver();
+  if (!d.ok) return false;
+  PointerInfo a, b;
+  if (!query_pointer(d, dst, &a) || !query_pointer(d, src, &b)) return false;
+  bool dst_device = a.memory_type == CU_MEMORYTYPE_DEVICE, src_device = b.memory_type == CU_MEMORYTYPE_DEVICE;
+  if (dst_device == src_device) return false;  // host<->host or device<->device: not ours
+  *dir = dst_device ? Direction::HtoD : Direction::DtoH;
+  return true;
+}
+
+void set_disabled(bool disabled) { g_disabled.store(disabled); }
+
+void mark_forked_child() {
+  g_forked.store(true);
+  engine_forget_after_fork();
+}
+
+}  // namespace cmt

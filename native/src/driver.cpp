@@ -1,0 +1,136 @@
+#include "driver.hpp"
+
+#include <dlfcn.h>
+#include <pthread.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "log.hpp"
+
+namespace cmt {
+namespace {
+
+const char* const kEntryNames[] = {
+#define CMT_COPY(name, shape, stream) #name,
+#define CMT_RESOLVER(name, abi) #name,
+#include "entry_points.def"
+#undef CMT_COPY
+#undef CMT_RESOLVER
+};
+
+using dlsym_fn = void* (*)(void*, const char*);
+
+std::atomic<void*> g_libcuda{nullptr};
+std::atomic<void*> g_real[kEntryCount];
+std::atomic<bool> g_real_table_done{false};
+
+Driver g_driver;
+std::atomic<bool> g_driver_loaded{false};
+pthread_mutex_t g_driver_mutex = PTHREAD_MUTEX_INITIALIZER;
+
+void* libcuda_handle(bool load_if_absent) {
+  void* h = g_libcuda.load(std::memory_order_acquire);
+  if (h) return h;
+  // RTLD_NOLOAD: use the libcuda the program loaded; never load a driver into a CPU-only process.
+  h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (!h && load_if_absent) h = dlopen("libcuda.so.1", RTLD_LAZY);
+  if (h) g_libcuda.store(h, std::memory_order_release);  // kept open: cached pointers stay valid
+  return h;
+}
+
+template <typename F>
+bool load(void* h, F& slot, const char* name) {
+  slot = reinterpret_cast<F>(real_dlsym(h, name));
+  if (!slot) log::write(log::Level::Debug, "driver lacks %s; copies pass through", name);
+  return slot != nullptr;
+}
+
+// Returns false while libcuda is not in the process (tried again on the next call).
+bool load_driver(bool load_if_absent) {
+  void* h = libcuda_handle(load_if_absent);
+  if (!h) return false;
+  Driver d;
+  bool ok = true;
+  ok &= load(h, d.cuInit, "cuInit");
+  ok &= load(h, d.cuGetErrorString, "cuGetErrorString");
+  ok &= load(h, d.cuCtxGetCurrent, "cuCtxGetCurrent");
+  ok &= load(h, d.cuCtxSetCurrent, "cuCtxSetCurrent");
+  ok &= load(h, d.cuCtxGetDevice, "cuCtxGetDevice");
+  ok &= load(h, d.cuStreamCreate, "cuStreamCreate");
+  ok &= load(h, d.cuStreamSynchronize, "cuStreamSynchronize");
+  ok &= load(h, d.cuStreamWaitEvent, "cuStreamWaitEvent");
+  ok &= load(h, d.cuStreamIsCapturing, "cuStreamIsCapturing");
+  ok &= load(h, d.cuEventCreate, "cuEventCreate");
+  ok &= load(h, d.cuEventRecord, "cuEventRecord");
+  ok &= load(h, d.cuEventSynchronize, "cuEventSynchronize");
+  ok &= load(h, d.cuMemHostAlloc, "cuMemHostAlloc");
+  ok &= load(h, d.cuMemFreeHost, "cuMemFreeHost");
+  ok &= load(h, d.cuPointerGetAttributes, "cuPointerGetAttributes");
+  ok &= load(h, d.cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode");
+  ok &= load(h, d.cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
+  ok &= load(h, d.cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
+  d.ok = ok;
+  g_driver = d;
+  return true;
+}
+
+void fill_real_table() {
+  if (g_real_table_done.load(std::memory_order_acquire)) return;
+  void* h = libcuda_handle(false);
+  if (!h) return;
+  for (int i = 0; i < kEntryCount; ++i) {
+    g_real[i].store(real_dlsym(h, kEntryNames[i]), std::memory_order_relaxed);
+  }
+  g_real_table_done.store(true, std::memory_order_release);
+}
+
+}  // namespace
+
+const char* entry_name(EntryId id) { return kEntryNames[static_cast<int>(id)]; }
+
+int entry_by_name(const char* name) {
+  // Cheap reject first: dlsym is called for every symbol of every library.
+  if (!name || name[0] != 'c' || name[1] != 'u' || (name[2] != 'M' && name[2] != 'G')) return -1;
+  for (int i = 0; i < kEntryCount; ++i) {
+    if (!strcmp(name, kEntryNames[i])) return i;
+  }
+  return -1;
+}
+
+// hooks.cpp: finds glibc's dlsym by symbol version (once) and returns it.
+extern "C" void* cmt_find_real_dlsym();
+
+void* real_dlsym(void* handle, const char* name) {
+  auto f = reinterpret_cast<dlsym_fn>(cmt_find_real_dlsym());
+  return f ? f(handle, name) : nullptr;
+}
+
+const Driver& driver(bool load_if_absent) {
+  if (g_driver_loaded.load(std::memory_order_acquire)) return g_driver;
+  pthread_mutex_lock(&g_driver_mutex);
+  if (!g_driver_loaded.load(std::memory_order_relaxed) && load_driver(load_if_absent)) {
+    g_driver_loaded.store(true, std::memory_order_release);
+  }
+  pthread_mutex_unlock(&g_driver_mutex);
+  return g_driver;
+}
+
+void* real_entry(EntryId id) {
+  int i = static_cast<int>(id);
+  void* p = g_real[i].load(std::memory_order_relaxed);
+  if (p) return p;
+  fill_real_table();
+  return g_real[i].load(std::memory_order_relaxed);
+}
+
+int entry_by_real_address(void* p) {
+  if (!p) return -1;
+  fill_real_table();
+  for (int i = 0; i < kEntryCount; ++i) {
+    if (g_real[i].load(std::memory_order_relaxed) == p) return i;
+  }
+  return -1;
+}
+
+}  // namespace cmt

@@ -1,0 +1,59 @@
+// The real CUDA driver, found at run time (no toolkit at build time, no DT_NEEDED on libcuda):
+// the real dlsym, the libcuda handle, the helper entry points the engine calls, and the real
+// address of every intercepted entry point (entry_points.def).
+#pragma once
+#include "cmt/cuda_types.hpp"
+
+namespace cmt {
+
+enum class EntryId : int {
+#define CMT_COPY(name, shape, stream) name,
+#define CMT_RESOLVER(name, abi) name,
+#include "entry_points.def"
+#undef CMT_COPY
+#undef CMT_RESOLVER
+  Count
+};
+constexpr int kEntryCount = static_cast<int>(EntryId::Count);
+const char* entry_name(EntryId id);
+// Id of an intercepted entry point by exact name, or -1.
+int entry_by_name(const char* name);
+
+// glibc's dlsym, never our interposed one (safe before libcuda is loaded).
+void* real_dlsym(void* handle, const char* name);
+
+struct Driver {
+  bool ok = false;  // every helper below was found
+  PFN_cuInit cuInit = nullptr;
+  PFN_cuGetErrorString cuGetErrorString = nullptr;
+  PFN_cuCtxGetCurrent cuCtxGetCurrent = nullptr;
+  PFN_cuCtxSetCurrent cuCtxSetCurrent = nullptr;
+  PFN_cuCtxGetDevice cuCtxGetDevice = nullptr;
+  PFN_cuStreamCreate cuStreamCreate = nullptr;
+  PFN_cuStreamSynchronize cuStreamSynchronize = nullptr;
+  PFN_cuStreamWaitEvent cuStreamWaitEvent = nullptr;
+  PFN_cuStreamIsCapturing cuStreamIsCapturing = nullptr;
+  PFN_cuEventCreate cuEventCreate = nullptr;
+  PFN_cuEventRecord cuEventRecord = nullptr;
+  PFN_cuEventSynchronize cuEventSynchronize = nullptr;
+  PFN_cuMemHostAlloc cuMemHostAlloc = nullptr;
+  PFN_cuMemFreeHost cuMemFreeHost = nullptr;
+  PFN_cuPointerGetAttributes cuPointerGetAttributes = nullptr;
+  PFN_cuThreadExchangeStreamCaptureMode cuThreadExchangeStreamCaptureMode = nullptr;
+  // The engine's DMA calls (explicit non-blocking streams, pinned memory).
+  PFN_cuMemcpyHtoDAsync cuMemcpyHtoDAsync = nullptr;
+  PFN_cuMemcpyDtoHAsync cuMemcpyDtoHAsync = nullptr;
+};
+
+// Loads the driver table once. With `load_if_absent` false (the interposer), only a libcuda that
+// the program itself already loaded is used; the C API (benchmarks) may load it.
+const Driver& driver(bool load_if_absent = false);
+
+// The real address of an intercepted entry point in libcuda, or nullptr if libcuda is not loaded
+// or lacks it.
+void* real_entry(EntryId id);
+
+// Whether `p` is the real libcuda address of entry `id` (used to route resolver answers).
+int entry_by_real_address(void* p);
+
+}  // namespace cmt

@@ -1,0 +1,198 @@
+// The three doors into the driver, all generated from entry_points.def:
+//  1. exported wrappers named like the driver's functions (programs linked with -lcuda);
+//  2. dlsym: a lookup of an intercepted name that finds libcuda's function gets the wrapper
+//     (static and dynamic cudart, XLA, ctypes users);
+//  3. the cuGetProcAddress resolvers: the driver answers first, and an answer that is exactly one
+//     of the intercepted functions is swapped for the wrapper of that same variant.
+#include <dlfcn.h>
+#include <pthread.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "cmt/cuda_types.hpp"
+#include "copy_path.hpp"
+#include "driver.hpp"
+#include "log.hpp"
+#include "stats.hpp"
+
+#define CMT_EXPORT __attribute__((visibility("default")))
+
+using namespace cmt;
+
+namespace {
+
+constexpr DefaultStream LEGACY = DefaultStream::Legacy;
+constexpr DefaultStream PER_THREAD = DefaultStream::PerThread;
+
+template <typename F>
+F real(EntryId id) {
+  return reinterpret_cast<F>(real_entry(id));
+}
+
+bool run_staged(Direction dir, const void* host, CUdeviceptr dev, size_t n, CUstream s, DefaultStream ds,
+                CUresult* r) {
+  CopyCall call{dir, const_cast<char*>(static_cast<const char*>(host)), dev, n, s, ds};
+  return try_accelerate(call, r) == Outcome::Accelerated;
+}
+
+// cuMemcpy[Async] carry no direction: classify only copies the plan could stage at all.
+bool run_staged_uva(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s, DefaultStream ds, CUresult* r) {
+  const Plan& plan = active_plan();
+  if (plan.lookup(Direction::HtoD, n).pass && plan.lookup(Direction::DtoH, n).pass) return false;
+  Direction dir;
+  if (!classify_uva(dst, src, &dir)) return false;
+  return dir == Direction::HtoD ? run_staged(dir, reinterpret_cast<void*>(src), dst, n, s, ds, r)
+                                : run_staged(dir, reinterpret_cast<void*>(dst), src, n, s, ds, r);
+}
+
+}  // namespace
+
+#define CMT_CALL_REAL(name, PFN, ...)                \
+  auto f = real<PFN>(EntryId::name);                 \
+  return f ? f(__VA_ARGS__) : CUDA_ERROR_NOT_INITIALIZED;
+
+#define CMT_WRAP_HTOD(name, ds)                                                            \
+  extern "C" CMT_EXPORT CUresult name(CUdeviceptr dst, const void* src, size_t n) {        \
+    CUresult r;                                                                            \
+    if (run_staged(Direction::HtoD, src, dst, n, nullptr, ds, &r)) return r;               \
+    CMT_CALL_REAL(name, PFN_cuMemcpyHtoD, dst, src, n)                                     \
+  }
+#define CMT_WRAP_DTOH(name, ds)                                                            \
+  extern "C" CMT_EXPORT CUresult name(void* dst, CUdeviceptr src, size_t n) {              \
+    CUresult r;                                                                            \
+    if (run_staged(Direction::DtoH, dst, src, n, nullptr, ds, &r)) return r;               \
+    CMT_CALL_REAL(name, PFN_cuMemcpyDtoH, dst, src, n)                                     \
+  }
+#define CMT_WRAP_HTOD_ASYNC(name, ds)                                                         \
+  extern "C" CMT_EXPORT CUresult name(CUdeviceptr dst, const void* src, size_t n, CUstream s) { \
+    CUresult r;                                                                               \
+    if (run_staged(Direction::HtoD, src, dst, n, s, ds, &r)) return r;                        \
+    CMT_CALL_REAL(name, PFN_cuMemcpyHtoDAsync, dst, src, n, s)                                \
+  }
+#define CMT_WRAP_DTOH_ASYNC(name, ds)                                                         \
+  extern "C" CMT_EXPORT CUresult name(void* dst, CUdeviceptr src, size_t n, CUstream s) {     \
+    CUresult r;                                                                               \
+    if (run_staged(Direction::DtoH, dst, src, n, s, ds, &r)) return r;                        \
+    CMT_CALL_REAL(name, PFN_cuMemcpyDtoHAsync, dst, src, n, s)                                \
+  }
+#define CMT_WRAP_UVA(name, ds)                                                             \
+  extern "C" CMT_EXPORT CUresult name(CUdeviceptr dst, CUdeviceptr src, size_t n) {        \
+    CUresult r;                                                                            \
+    if (run_staged_uva(dst, src, n, nullptr, ds, &r)) return r;                            \
+    CMT_CALL_REAL(name, PFN_cuMemcpy, dst, src, n)                                         \
+  }
+#define CMT_WRAP_UVA_ASYNC(name, ds)                                                              \
+  extern "C" CMT_EXPORT CUresult name(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {   \
+    CUresult r;                                                                                   \
+    if (run_staged_uva(dst, src, n, s, ds, &r)) return r;                                         \
+    CMT_CALL_REAL(name, PFN_cuMemcpyAsync, dst, src, n, s)                                        \
+  }
+
+#define CMT_COPY(name, shape, ds) CMT_WRAP_##shape(name, ds)
+#define CMT_RESOLVER(name, abi)
+#include "entry_points.def"
+#undef CMT_COPY
+#undef CMT_RESOLVER
+
+namespace {
+
+void* wrapper_for(int id);
+
+// Swaps a resolver's answer for our wrapper when it is exactly one of the intercepted functions.
+void substitute(void** pfn) {
+  if (!pfn || !*pfn) return;
+  int id = entry_by_real_address(*pfn);
+  if (id >= 0) *pfn = wrapper_for(id);
+}
+
+}  // namespace
+
+extern "C" CMT_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version, cuuint64_t flags) {
+  auto f = real<PFN_cuGetProcAddress_v1>(EntryId::cuGetProcAddress);
+  if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = f(symbol, pfn, version, flags);
+  if (r == CUDA_SUCCESS) substitute(pfn);
+  return r;
+}
+
+#define CMT_RESOLVER_V2(name)                                                                    \
+  extern "C" CMT_EXPORT CUresult name(const char* symbol, void** pfn, int version, cuuint64_t flags, \
+                                      CUdriverProcAddressQueryResult* status) {                  \
+    auto f = real<PFN_cuGetProcAddress_v2>(EntryId::name);                                      \
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                                   \
+    CUresult r = f(symbol, pfn, version, flags, status);                                         \
+    if (r == CUDA_SUCCESS && (!status || *status == CU_GET_PROC_ADDRESS_SUCCESS)) substitute(pfn); \
+    return r;                                                                                    \
+  }
+CMT_RESOLVER_V2(cuGetProcAddress_v2)
+CMT_RESOLVER_V2(cuGetProcAddress_v2_ptsz)
+
+namespace {
+
+void* const kWrappers[] = {
+#define CMT_COPY(name, shape, ds) reinterpret_cast<void*>(&name),
+#define CMT_RESOLVER(name, abi) reinterpret_cast<void*>(&name),
+#include "entry_points.def"
+#undef CMT_COPY
+#undef CMT_RESOLVER
+};
+static_assert(sizeof(kWrappers) / sizeof(kWrappers[0]) == kEntryCount, "one wrapper per entry");
+
+void* wrapper_for(int id) { return kWrappers[id]; }
+
+}  // namespace
+
+// ---- dlsym ----------------------------------------------------------------------------------
+// dlsym(RTLD_NEXT, ...) is answered relative to its caller's return address, so the exported
+// dlsym is a few instructions of assembly (dlsym_entry.S) that tail-jump to glibc's for
+// RTLD_NEXT and call cmt_dlsym_dispatch for every other handle.
+
+extern "C" {
+__attribute__((visibility("hidden"))) void* cmt_real_dlsym_ptr = nullptr;
+
+__attribute__((visibility("hidden"))) void* cmt_find_real_dlsym() {
+  void* p = __atomic_load_n(&cmt_real_dlsym_ptr, __ATOMIC_ACQUIRE);
+  if (p) return p;
+  // glibc >= 2.34 versions dlsym GLIBC_2.34; older ones GLIBC_2.2.5 (x86-64) / 2.17 (aarch64).
+  for (const char* v : {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"}) {
+    p = dlvsym(RTLD_NEXT, "dlsym", v);
+    if (p) break;
+  }
+  __atomic_store_n(&cmt_real_dlsym_ptr, p, __ATOMIC_RELEASE);
+  return p;
+}
+
+__attribute__((visibility("hidden"))) void* cmt_dlsym_dispatch(void* handle, const char* name) {
+  void* res = real_dlsym(handle, name);
+  if (!res) return res;
+  int id = entry_by_name(name);
+  if (id < 0) return res;
+  // Only libcuda's own function is replaced (not a same-named symbol of another library).
+  if (res != real_entry(static_cast<EntryId>(id))) return res;
+  return wrapper_for(id);
+}
+
+#if !defined(__x86_64__)
+// Without the assembly entry, RTLD_NEXT lookups resolve relative to this library.
+CMT_EXPORT void* dlsym(void* handle, const char* name) { return cmt_dlsym_dispatch(handle, name); }
+#endif
+}  // extern "C"
+
+// ---- process lifecycle ----------------------------------------------------------------------
+
+namespace {
+
+void on_fork_child() { mark_forked_child(); }
+
+// No CUDA calls and no threads here: a CPU-only child of `cmt run` must pay nothing.
+__attribute__((constructor)) void cmt_library_init() {
+  const char* v = getenv("CMT_DISABLE");
+  bool disabled = v && *v && strcmp(v, "0") != 0;
+  set_disabled(disabled);
+  if (disabled) log::write(log::Level::Debug, "CMT_DISABLE set: every copy passes through");
+  pthread_atfork(nullptr, nullptr, on_fork_child);
+  enable_exit_report();
+}
+
+}  // namespace

@@ -1,0 +1,96 @@
+#include "stats.hpp"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "log.hpp"
+
+namespace cmt {
+namespace {
+
+const char* const kNames[] = {
+#define CMT_X(id, name, text) name,
+    CMT_OUTCOMES(CMT_X)
+#undef CMT_X
+};
+const char* const kTexts[] = {
+#define CMT_X(id, name, text) text,
+    CMT_OUTCOMES(CMT_X)
+#undef CMT_X
+};
+
+struct Counter {
+  std::atomic<unsigned long long> copies{0};
+  std::atomic<unsigned long long> bytes{0};
+};
+Counter g_counters[kDirections][kOutcomes];
+
+void print_report() {
+  char buf[4096];
+  size_t len = 0;
+  auto add = [&](const char* fmt, auto... args) {
+    int n = snprintf(buf + len, sizeof buf - len, fmt, args...);
+    if (n > 0) len = std::min(sizeof buf - 1, len + static_cast<size_t>(n));
+  };
+  add("cmt[%d] stats:\n", static_cast<int>(getpid()));
+  bool any = false;
+  for (int d = 0; d < kDirections; ++d) {
+    for (int o = 0; o < kOutcomes; ++o) {
+      unsigned long long c = g_counters[d][o].copies.load(), b = g_counters[d][o].bytes.load();
+      if (!c) continue;
+      any = true;
+      add("  %s %-16s %10llu copies %16llu bytes\n", direction_name(static_cast<Direction>(d)), kNames[o], c, b);
+    }
+  }
+  if (!any) {
+    // Quiet in the program's children that never loaded the driver (shells, compilers, ...).
+    if (!dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD)) return;
+    add("  no host<->device copies seen\n");
+  }
+  ssize_t ignored = write(STDERR_FILENO, buf, len);
+  (void)ignored;
+}
+
+}  // namespace
+
+const char* outcome_name(Outcome o) { return kNames[static_cast<int>(o)]; }
+const char* outcome_text(Outcome o) { return kTexts[static_cast<int>(o)]; }
+
+void record(Direction d, Outcome o, size_t bytes) {
+  Counter& c = g_counters[static_cast<int>(d)][static_cast<int>(o)];
+  c.copies.fetch_add(1, std::memory_order_relaxed);
+  c.bytes.fetch_add(bytes, std::memory_order_relaxed);
+  log::debug_once(static_cast<unsigned>(d) * 64 + static_cast<unsigned>(o), "%s copy of %zu bytes: %s (%s)",
+                  direction_name(d), bytes, outcome_name(o), outcome_text(o));
+}
+
+std::string stats_json() {
+  std::string s = "{";
+  for (int d = 0; d < kDirections; ++d) {
+    if (d) s += ",";
+    s += std::string("\"") + direction_name(static_cast<Direction>(d)) + "\":{";
+    bool first = true;
+    for (int o = 0; o < kOutcomes; ++o) {
+      if (!first) s += ",";
+      first = false;
+      s += std::string("\"") + kNames[o] + "\":[" + std::to_string(g_counters[d][o].copies.load()) + "," +
+           std::to_string(g_counters[d][o].bytes.load()) + "]";
+    }
+    s += "}";
+  }
+  return s + "}";
+}
+
+void enable_exit_report() {
+  static std::atomic<bool> once{false};
+  if (once.exchange(true)) return;
+  const char* v = getenv("CMT_STATS");
+  if (v && *v && strcmp(v, "0") != 0) atexit(print_report);
+}
+
+}  // namespace cmt

@@ -1,0 +1,71 @@
+"""Runs a command with the interposer preloaded: `cmt run`, `cmt tune -- CMD`, `cmt profile`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+
+from . import config as cfg
+from . import native
+from .errors import CmtError
+
+# Signals a terminal or a job scheduler sends to the whole job; the child gets each one too.
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def preload_env(selection: cfg.Selection, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for CMD: libcmt.so added to any LD_PRELOAD, the plan in CMT_PLAN."""
+    env = dict(os.environ if base is None else base)
+    lib = str(native.library_path())
+    preload = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if p and p != lib]
+    env["LD_PRELOAD"] = " ".join([lib, *preload])
+    if selection.config is not None:
+        env["CMT_PLAN"] = selection.config.to_plan()
+    return env
+
+
+def resolve_command(argv: Sequence[str]) -> list[str]:
+    if not argv:
+        raise CmtError("no command given: use `cmt run -- CMD [ARGS...]`")
+    exe = argv[0]
+    if os.sep not in exe and shutil.which(exe) is None:
+        raise CmtError(f"{exe}: command not found", exit_code=127)
+    if os.sep in exe and not os.path.exists(exe):
+        raise CmtError(f"{exe}: no such file or directory", exit_code=127)
+    return list(argv)
+
+
+def run(argv: Sequence[str], env: Mapping[str, str]) -> int:
+    """Runs argv, forwarding signals, and returns its exit status the way a shell reports it."""
+    cmd = resolve_command(argv)
+    try:
+        child = subprocess.Popen(cmd, env=dict(env))
+    except PermissionError:
+        raise CmtError(f"{cmd[0]}: permission denied", exit_code=126) from None
+    except FileNotFoundError:
+        raise CmtError(f"{cmd[0]}: command not found", exit_code=127) from None
+    except OSError as e:
+        raise CmtError(f"{cmd[0]}: cannot run: {e.strerror}", exit_code=126) from None
+
+    def forward(signum, _frame):
+        try:
+            child.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {s: signal.signal(s, forward) for s in _FORWARDED}
+    try:
+        while True:
+            try:
+                code = child.wait()
+                break
+            except InterruptedError:
+                continue
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    # A child killed by a signal: report 128+N like a shell does.
+    return 128 - code if code < 0 else code

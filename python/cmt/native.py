@@ -1,0 +1,87 @@
+"""Finds and loads the native library (the LD_PRELOAD interposer, which is also the engine's C API)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from functools import cache
+from pathlib import Path
+
+from .errors import CmtError
+
+_LIB_NAME = "libcmt.so"
+
+
+def library_path() -> Path:
+    """Path of libcmt.so: installed beside the package, or CMT_LIBRARY for development builds."""
+    override = os.environ.get("CMT_LIBRARY")
+    candidates = [Path(override)] if override else []
+    candidates.append(Path(__file__).resolve().parent / "lib" / _LIB_NAME)
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise CmtError(
+        f"native library {_LIB_NAME} not found (looked in {', '.join(str(c) for c in candidates)}); "
+        "reinstall with `pip install .`"
+    )
+
+
+@cache
+def load() -> ctypes.CDLL:
+    """The library loaded privately (RTLD_LOCAL): its driver wrappers do not interpose here."""
+    lib = ctypes.CDLL(str(library_path()), mode=os.RTLD_LOCAL)
+    lib.cmt_version.restype = ctypes.c_char_p
+    lib.cmt_configure.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+    lib.cmt_configure.restype = ctypes.c_int
+    for name in ("cmt_active_plan", "cmt_stats_json"):
+        fn = getattr(lib, name)
+        fn.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        fn.restype = ctypes.c_int
+    lib.cmt_memcpy.argtypes = [
+        ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p,
+        ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int),
+    ]
+    lib.cmt_memcpy.restype = ctypes.c_int
+    lib.cmt_outcome_name.argtypes = [ctypes.c_int]
+    lib.cmt_outcome_name.restype = ctypes.c_char_p
+    return lib
+
+
+def _read_string(fn) -> str:
+    size = fn(None, 0)
+    buf = ctypes.create_string_buffer(size + 1)
+    fn(buf, size + 1)
+    return buf.value.decode()
+
+
+def active_plan() -> str:
+    """The plan string the library uses now (its built-in defaults unless configured)."""
+    return _read_string(load().cmt_active_plan)
+
+
+def configure(plan: str) -> None:
+    """Sets the plan of the library loaded in this process (benchmarks, tuner)."""
+    err = ctypes.create_string_buffer(256)
+    if load().cmt_configure(plan.encode(), err, len(err)) != 0:
+        raise CmtError(f"invalid plan {plan!r}: {err.value.decode()}")
+
+
+def stats_json() -> str:
+    return _read_string(load().cmt_stats_json)
+
+
+class CopyResult(int):
+    """CUresult of an engine copy, with what cmt did (`outcome`: accelerated, below_minimum, ...)."""
+
+    outcome: str
+
+
+def memcpy(direction: str, host: int, device: int, nbytes: int, stream: int = 0,
+           threads: int = 0, buffers: int = 0, chunk: int = 0) -> CopyResult:
+    """One copy through the engine: direction 'h2d' or 'd2h'; threads=0 lets the plan decide."""
+    outcome = ctypes.c_int(-1)
+    r = load().cmt_memcpy(0 if direction == "h2d" else 1, host, device, nbytes, stream,
+                          threads, buffers, chunk, ctypes.byref(outcome))
+    result = CopyResult(r)
+    result.outcome = load().cmt_outcome_name(outcome.value).decode()
+    return result
