@@ -45,7 +45,14 @@ CUevent entry_event(const Driver& d, CUcontext ctx) {
   return e;
 }
 
-Outcome decide_and_copy(const CopyCall& call, CUresult* result) {
+HostKind kind_of(const PointerInfo& info) {
+  if (info.managed) return HostKind::Managed;
+  if (info.memory_type == CU_MEMORYTYPE_HOST) return HostKind::Pinned;
+  if (info.memory_type == 0) return HostKind::Pageable;
+  return HostKind::Device;
+}
+
+Outcome decide_and_copy(const CopyCall& call, CUresult* result, HostKind* kind) {
   if (g_disabled.load(std::memory_order_relaxed)) return Outcome::Disabled;
   if (g_forked.load(std::memory_order_relaxed)) return Outcome::ForkedChild;
   // Cheapest test first: small copies must cost nothing measurable.
@@ -64,6 +71,7 @@ Outcome decide_and_copy(const CopyCall& call, CUresult* result) {
 
   PointerInfo host, dev;
   if (!query_pointer(d, reinterpret_cast<CUdeviceptr>(call.host), &host)) return Outcome::NoContext;
+  *kind = kind_of(host);
   if (host.managed) return Outcome::ManagedMemory;
   if (host.memory_type == CU_MEMORYTYPE_HOST) return Outcome::PinnedHost;
   if (host.memory_type != 0) return Outcome::NotHostDevice;
@@ -100,10 +108,19 @@ Outcome decide_and_copy(const CopyCall& call, CUresult* result) {
 
 }  // namespace
 
-Outcome try_accelerate(const CopyCall& call, CUresult* result) {
-  Outcome o = decide_and_copy(call, result);
+Outcome try_accelerate(const CopyCall& call, CUresult* result, HostKind* kind) {
+  HostKind k = HostKind::Unknown;
+  Outcome o = decide_and_copy(call, result, &k);
+  if (kind) *kind = k;
   record(call.dir, o, call.bytes);
   return o;
+}
+
+HostKind classify_host(const void* host) {
+  const Driver& d = driver();
+  PointerInfo info;
+  if (!d.ok || !query_pointer(d, reinterpret_cast<CUdeviceptr>(host), &info)) return HostKind::Unknown;
+  return kind_of(info);
 }
 
 bool classify_uva(CUdeviceptr dst, CUdeviceptr src, Direction* dir) {

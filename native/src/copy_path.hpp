@@ -22,9 +22,15 @@ struct CopyCall {
   const Settings* forced = nullptr;  // the C API's explicit settings, else the plan's rule
 };
 
+// What kind of host memory a copy touched (as far as the decision had to find out).
+enum class HostKind : unsigned char { Unknown = 0, Pageable = 1, Pinned = 2, Managed = 3, Device = 4 };
+
 // Returns Outcome::Accelerated with the copy's result in *result, or why the driver should do
-// it. Records the outcome in the statistics.
-Outcome try_accelerate(const CopyCall& call, CUresult* result);
+// it. Records the outcome in the statistics; *kind says what the host side was, when known.
+Outcome try_accelerate(const CopyCall& call, CUresult* result, HostKind* kind = nullptr);
+
+// The host side's kind, classified by the driver (for copies the decision did not classify).
+HostKind classify_host(const void* host);
 
 // For cuMemcpy/cuMemcpyAsync: which of the two pointers is pageable host memory and which is
 // device memory. Returns false (and the outcome to record, if any) when it is not such a copy.

@@ -6,6 +6,7 @@
 //     of the intercepted functions is swapped for the wrapper of that same variant.
 #include <dlfcn.h>
 #include <pthread.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include "copy_path.hpp"
 #include "driver.hpp"
 #include "log.hpp"
+#include "recorder.hpp"
 #include "stats.hpp"
 
 #define CMT_EXPORT __attribute__((visibility("default")))
@@ -30,63 +32,77 @@ F real(EntryId id) {
   return reinterpret_cast<F>(real_entry(id));
 }
 
-bool run_staged(Direction dir, const void* host, CUdeviceptr dev, size_t n, CUstream s, DefaultStream ds,
-                CUresult* r) {
+// Every intercepted host<->device copy comes here: stage it, or run the driver's own function
+// (call_real) with the caller's arguments. While `cmt profile` records, the call is also timed.
+template <typename CallReal>
+CUresult intercept(EntryId id, Direction dir, const void* host, CUdeviceptr dev, size_t n, CUstream s,
+                   DefaultStream ds, CallReal call_real) {
   CopyCall call{dir, const_cast<char*>(static_cast<const char*>(host)), dev, n, s, ds};
-  return try_accelerate(call, r) == Outcome::Accelerated;
+  CUresult r = CUDA_SUCCESS;
+  if (!recording()) {
+    return try_accelerate(call, &r) == Outcome::Accelerated ? r : call_real();
+  }
+  uint64_t start = now_ns();
+  HostKind kind = HostKind::Unknown;
+  Outcome o = try_accelerate(call, &r, &kind);
+  if (o != Outcome::Accelerated) {
+    r = call_real();
+    if (kind == HostKind::Unknown) kind = classify_host(host);
+  }
+  // tid 0: the recorder fills in its cached thread id (gettid() is a system call).
+  record_copy(CopyRecord{start, now_ns(), n, reinterpret_cast<uint64_t>(s), r, 0,
+                         static_cast<uint8_t>(dir), static_cast<uint8_t>(kind), static_cast<uint8_t>(o),
+                         static_cast<uint8_t>(id), 0});
+  return r;
 }
 
-// cuMemcpy[Async] carry no direction: classify only copies the plan could stage at all.
-bool run_staged_uva(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s, DefaultStream ds, CUresult* r) {
-  const Plan& plan = active_plan();
-  if (plan.lookup(Direction::HtoD, n).pass && plan.lookup(Direction::DtoH, n).pass) return false;
+// cuMemcpy[Async] carry no direction: classify both pointers (two driver queries; programs seen
+// on the H200 never used these entry points for host<->device copies, so this costs nothing there).
+template <typename CallReal>
+CUresult intercept_uva(EntryId id, CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s, DefaultStream ds,
+                       CallReal call_real) {
   Direction dir;
-  if (!classify_uva(dst, src, &dir)) return false;
-  return dir == Direction::HtoD ? run_staged(dir, reinterpret_cast<void*>(src), dst, n, s, ds, r)
-                                : run_staged(dir, reinterpret_cast<void*>(dst), src, n, s, ds, r);
+  if (!classify_uva(dst, src, &dir)) return call_real();  // host<->host or device<->device
+  return dir == Direction::HtoD ? intercept(id, dir, reinterpret_cast<void*>(src), dst, n, s, ds, call_real)
+                                : intercept(id, dir, reinterpret_cast<void*>(dst), src, n, s, ds, call_real);
 }
 
 }  // namespace
 
-#define CMT_CALL_REAL(name, PFN, ...)                \
-  auto f = real<PFN>(EntryId::name);                 \
-  return f ? f(__VA_ARGS__) : CUDA_ERROR_NOT_INITIALIZED;
+#define CMT_REAL(name, PFN, ...)                                                   \
+  [&]() -> CUresult {                                                               \
+    auto f = real<PFN>(EntryId::name);                                              \
+    return f ? f(__VA_ARGS__) : CUDA_ERROR_NOT_INITIALIZED;                         \
+  }
 
-#define CMT_WRAP_HTOD(name, ds)                                                            \
-  extern "C" CMT_EXPORT CUresult name(CUdeviceptr dst, const void* src, size_t n) {        \
-    CUresult r;                                                                            \
-    if (run_staged(Direction::HtoD, src, dst, n, nullptr, ds, &r)) return r;               \
-    CMT_CALL_REAL(name, PFN_cuMemcpyHtoD, dst, src, n)                                     \
+#define CMT_WRAP_HTOD(name, ds)                                                                 \
+  extern "C" CMT_EXPORT CUresult name(CUdeviceptr dst, const void* src, size_t n) {             \
+    return intercept(EntryId::name, Direction::HtoD, src, dst, n, nullptr, ds,                  \
+                     CMT_REAL(name, PFN_cuMemcpyHtoD, dst, src, n));                            \
   }
-#define CMT_WRAP_DTOH(name, ds)                                                            \
-  extern "C" CMT_EXPORT CUresult name(void* dst, CUdeviceptr src, size_t n) {              \
-    CUresult r;                                                                            \
-    if (run_staged(Direction::DtoH, dst, src, n, nullptr, ds, &r)) return r;               \
-    CMT_CALL_REAL(name, PFN_cuMemcpyDtoH, dst, src, n)                                     \
+#define CMT_WRAP_DTOH(name, ds)                                                                 \
+  extern "C" CMT_EXPORT CUresult name(void* dst, CUdeviceptr src, size_t n) {                   \
+    return intercept(EntryId::name, Direction::DtoH, dst, src, n, nullptr, ds,                  \
+                     CMT_REAL(name, PFN_cuMemcpyDtoH, dst, src, n));                            \
   }
-#define CMT_WRAP_HTOD_ASYNC(name, ds)                                                         \
+#define CMT_WRAP_HTOD_ASYNC(name, ds)                                                           \
   extern "C" CMT_EXPORT CUresult name(CUdeviceptr dst, const void* src, size_t n, CUstream s) { \
-    CUresult r;                                                                               \
-    if (run_staged(Direction::HtoD, src, dst, n, s, ds, &r)) return r;                        \
-    CMT_CALL_REAL(name, PFN_cuMemcpyHtoDAsync, dst, src, n, s)                                \
+    return intercept(EntryId::name, Direction::HtoD, src, dst, n, s, ds,                        \
+                     CMT_REAL(name, PFN_cuMemcpyHtoDAsync, dst, src, n, s));                    \
   }
-#define CMT_WRAP_DTOH_ASYNC(name, ds)                                                         \
-  extern "C" CMT_EXPORT CUresult name(void* dst, CUdeviceptr src, size_t n, CUstream s) {     \
-    CUresult r;                                                                               \
-    if (run_staged(Direction::DtoH, dst, src, n, s, ds, &r)) return r;                        \
-    CMT_CALL_REAL(name, PFN_cuMemcpyDtoHAsync, dst, src, n, s)                                \
+#define CMT_WRAP_DTOH_ASYNC(name, ds)                                                           \
+  extern "C" CMT_EXPORT CUresult name(void* dst, CUdeviceptr src, size_t n, CUstream s) {       \
+    return intercept(EntryId::name, Direction::DtoH, dst, src, n, s, ds,                        \
+                     CMT_REAL(name, PFN_cuMemcpyDtoHAsync, dst, src, n, s));                    \
   }
-#define CMT_WRAP_UVA(name, ds)                                                             \
-  extern "C" CMT_EXPORT CUresult name(CUdeviceptr dst, CUdeviceptr src, size_t n) {        \
-    CUresult r;                                                                            \
-    if (run_staged_uva(dst, src, n, nullptr, ds, &r)) return r;                            \
-    CMT_CALL_REAL(name, PFN_cuMemcpy, dst, src, n)                                         \
+#define CMT_WRAP_UVA(name, ds)                                                                  \
+  extern "C" CMT_EXPORT CUresult name(CUdeviceptr dst, CUdeviceptr src, size_t n) {             \
+    return intercept_uva(EntryId::name, dst, src, n, nullptr, ds, CMT_REAL(name, PFN_cuMemcpy, dst, src, n)); \
   }
-#define CMT_WRAP_UVA_ASYNC(name, ds)                                                              \
-  extern "C" CMT_EXPORT CUresult name(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {   \
-    CUresult r;                                                                                   \
-    if (run_staged_uva(dst, src, n, s, ds, &r)) return r;                                         \
-    CMT_CALL_REAL(name, PFN_cuMemcpyAsync, dst, src, n, s)                                        \
+#define CMT_WRAP_UVA_ASYNC(name, ds)                                                            \
+  extern "C" CMT_EXPORT CUresult name(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) { \
+    return intercept_uva(EntryId::name, dst, src, n, s, ds,                                     \
+                         CMT_REAL(name, PFN_cuMemcpyAsync, dst, src, n, s));                    \
   }
 
 #define CMT_COPY(name, shape, ds) CMT_WRAP_##shape(name, ds)

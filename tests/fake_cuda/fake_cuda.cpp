@@ -31,6 +31,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <shared_mutex>
 #include <string>
 #include <thread>
@@ -311,8 +312,14 @@ void atfork_parent() {
   g.reg_mu.unlock();
 }
 void atfork_child() {
+  // Re-create the locks instead of unlocking them: threads of the parent that were queued on them
+  // leave waiter state behind that the child's lone thread would trip over.
   g_child.store(true);
-  atfork_parent();
+  Global& g = G();
+  new (&g.table_mu) std::shared_mutex;
+  new (&g.dev_mu) std::mutex;
+  for (Context* c : g.contexts) new (&c->mu) std::mutex;
+  new (&g.reg_mu) std::mutex;
 }
 
 // ---------------------------------------------------------------------------------------------

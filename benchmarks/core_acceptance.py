@@ -1,0 +1,181 @@
+"""The core's acceptance measurements (issue 2), side by side in one run on a GPU machine.
+
+Runs the same PyTorch measurement program twice, plainly and under `cmt run`, and writes one
+JSON with both and the ratios: pageable copies of 64 MiB and 1 GiB each way, device-to-host into
+never-touched memory, pinned copies (the link's limit, measured in both runs), PyTorch
+`.to('cuda')`/`.cpu()` of 1 GiB, and 10^5 copies of 4 KiB (below the pass-through size).
+
+    python benchmarks/core_acceptance.py --out benchmarks/results/core-h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+GIB, MIB = 1 << 30, 1 << 20
+
+
+def measure() -> dict:
+    import torch
+
+    torch.cuda.init()
+    results: dict[str, dict] = {}
+
+    def host_timed(fn, repeat):
+        times = []
+        for _ in range(repeat):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - t)
+        return times
+
+    def event_timed(fn, repeat):
+        times = []
+        for _ in range(repeat):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        return times
+
+    def put(name, size, times):
+        med = statistics.median(times)
+        results[name] = {"bytes": size, "median_s": med, "gbps": size / med / 1e9,
+                         "min_gbps": size / max(times) / 1e9, "max_gbps": size / min(times) / 1e9}
+
+    def copies(size, repeat):
+        tag = "64MiB" if size == 64 * MIB else "1GiB"
+        src = torch.randint(0, 256, (size,), dtype=torch.uint8)
+        gpu = torch.empty(size, dtype=torch.uint8, device="cuda")
+        pinned = torch.empty(size, dtype=torch.uint8).pin_memory()
+        pinned.copy_(src)
+        dst = torch.empty(size, dtype=torch.uint8)
+        dst.fill_(1)  # touched: no page faults
+
+        gpu.copy_(src)  # warm-up and byte check of each path
+        dst.copy_(gpu)
+        assert torch.equal(dst, src), f"pageable round trip {tag}"
+        put(f"h2d_pageable_{tag}", size, host_timed(lambda: gpu.copy_(src), repeat))
+        put(f"d2h_pageable_{tag}", size, host_timed(lambda: dst.copy_(gpu), repeat))
+        assert torch.equal(dst, src)
+
+        def fresh():
+            out = torch.empty(size, dtype=torch.uint8)  # > mmap threshold: never-touched pages
+            out.copy_(gpu)
+            return out
+
+        assert torch.equal(fresh(), src)
+        put(f"d2h_fresh_{tag}", size, host_timed(fresh, repeat))
+
+        gpu.copy_(pinned, non_blocking=True)
+        put(f"h2d_pinned_{tag}", size, event_timed(lambda: gpu.copy_(pinned, non_blocking=True), repeat))
+        put(f"d2h_pinned_{tag}", size, event_timed(lambda: pinned.copy_(gpu, non_blocking=True), repeat))
+        torch.cuda.synchronize()
+        assert torch.equal(pinned, src)
+
+    def framework():
+        x = torch.randint(0, 256, (GIB,), dtype=torch.uint8)
+        y = x.to("cuda")
+        assert torch.equal(y.cpu(), x)
+        put("torch_to_cuda_1GiB", GIB, host_timed(lambda: x.to("cuda"), 5))
+        put("torch_cpu_1GiB", GIB, host_timed(lambda: y.cpu(), 5))
+
+    copies(64 * MIB, 20)
+    copies(GIB, 5)
+    framework()
+
+    small = torch.randint(0, 256, (4096,), dtype=torch.uint8)
+    g = torch.empty(4096, dtype=torch.uint8, device="cuda")
+    for _ in range(1000):
+        g.copy_(small)
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(100_000):
+            g.copy_(small)  # blocking pageable H2D of 4 KiB
+        torch.cuda.synchronize()
+        runs.append(time.perf_counter() - t)
+    results["h2d_4KiB_x1e5"] = {"bytes": 4096, "count": 100_000, "median_s": statistics.median(runs),
+                                "us_per_copy": statistics.median(runs) / 1e5 * 1e6}
+    assert torch.equal(g.cpu(), small)
+    return results
+
+
+def machine() -> dict:
+    info = {"host": platform.node(), "cpu_count": os.cpu_count(), "python": platform.python_version()}
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,pcie.link.gen.current,"
+                              "pcie.link.width.current", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+        info["gpu"] = out
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    try:
+        with open("/proc/cpuinfo") as f:
+            info["cpu"] = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    import torch
+
+    info["torch"] = torch.__version__
+    return info
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="core-acceptance.json")
+    ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.inner:
+        print("RESULT " + json.dumps(measure()))
+        return
+
+    def run(prefix):
+        proc = subprocess.run([*prefix, sys.executable, __file__, "--inner"], capture_output=True, text=True)
+        if proc.returncode:
+            sys.exit(f"measurement failed ({prefix or 'plain'}):\n{proc.stdout}\n{proc.stderr}")
+        line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+        return json.loads(line[7:]), proc.stderr
+
+    plain, _ = run([])
+    cmt, cmt_stderr = run([sys.executable, "-m", "cmt", "run", "--"])
+    rows = {}
+    for key in plain:
+        p, c = plain[key], cmt[key]
+        if "gbps" in p:
+            rows[key] = {"default_gbps": round(p["gbps"], 2), "cmt_gbps": round(c["gbps"], 2),
+                         "speedup": round(c["gbps"] / p["gbps"], 2)}
+        else:
+            rows[key] = {"default_us_per_copy": round(p["us_per_copy"], 3),
+                         "cmt_us_per_copy": round(c["us_per_copy"], 3),
+                         "slowdown_pct": round((c["us_per_copy"] / p["us_per_copy"] - 1) * 100, 2)}
+    for tag in ("64MiB", "1GiB"):
+        for d in ("h2d", "d2h"):
+            pinned = cmt[f"{d}_pinned_{tag}"]["gbps"]
+            rows[f"{d}_pageable_{tag}"]["pinned_gbps_same_run"] = round(pinned, 2)
+            rows[f"{d}_pageable_{tag}"]["cmt_vs_pinned"] = round(cmt[f"{d}_pageable_{tag}"]["gbps"] / pinned, 3)
+    doc = {"benchmark": "core_acceptance", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+           "machine": machine(), "summary": rows, "plain": plain, "cmt": cmt,
+           "cmt_stats": [x for x in cmt_stderr.splitlines() if "stats" in x or "copies" in x]}
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=2)
+    width = max(len(k) for k in rows)
+    for k, v in rows.items():
+        print(f"{k:<{width}}  " + "  ".join(f"{a}={b}" for a, b in v.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+// The profiler's recording of intercepted copies (`cmt profile`): one more consumer of the same
+// hook that `cmt run` uses. Costs one relaxed load per copy when not recording.
+#pragma once
+#include <cstdint>
+
+namespace cmt {
+
+struct CopyRecord {  // on-disk layout: see the format comment in recorder.cpp
+  uint64_t start_ns;  // CLOCK_MONOTONIC around the whole intercepted call
+  uint64_t end_ns;
+  uint64_t bytes;
+  uint64_t stream;    // as passed; 0 means the entry point's default stream
+  int32_t result;     // CUresult returned to the program
+  uint32_t tid;       // filled in by record_copy (cached per thread)
+  uint8_t dir;        // Direction
+  uint8_t host_kind;  // HostKind
+  uint8_t outcome;    // Outcome
+  uint8_t entry;      // EntryId
+  uint32_t reserved;
+};
+static_assert(sizeof(CopyRecord) == 48, "on-disk record layout");
+
+bool recording();
+uint64_t now_ns();
+void record_copy(const CopyRecord& r);
+
+}  // namespace cmt

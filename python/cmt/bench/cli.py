@@ -1,0 +1,190 @@
+"""`cmt bench`: `copy` (the default) sweeps copy sizes; `workloads` times real programs with and without cmt."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .. import config as cfg
+from .. import cuda, native
+from ..errors import CmtError
+from . import copy_sweep, fingerprint, report, workload_runner, workloads
+from .sizes import format_size, parse_names, parse_sizes
+
+DEFAULT_SIZES = "4K,64K,256K,1M,4M,16M,64M,256M,1G"
+QUICK_SIZES = "4K,1M,16M,256M"
+
+
+class _CopyByDefault(click.Group):
+    """`cmt bench [OPTIONS]` means `cmt bench copy [OPTIONS]`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args or (args[0] not in self.commands and args[0] not in ("-h", "--help")):
+            args = ["copy", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=_CopyByDefault, context_settings={"help_option_names": ["-h", "--help"]})
+def bench():
+    """Measure copy bandwidth (`copy`, the default) and real workloads (`workloads`) with and without cmt."""
+
+
+def _out_option(kind: str):
+    return click.option("--out", "out_dir", metavar="DIR", default=None,
+                        help=f"Folder for {kind}.json and {kind}.png [default: ./cmt-bench-DATE].")
+
+
+def _common_options(kind: str):
+    def wrap(f):
+        for opt in reversed([
+            _out_option(kind),
+            click.option("--json", "as_json", is_flag=True, help="Print the JSON result on stdout instead of tables."),
+            click.option("--no-plot", is_flag=True, help="Do not write the PNG plot."),
+            click.option("--quick", is_flag=True, help="A one-minute smoke run: fewer sizes and repeats."),
+            click.option("--config", "config_path", metavar="FILE", help="Tuned file for cmt (else CMT_CONFIG, "
+                         "else the built-in defaults)."),
+            click.option("--device", default=0, show_default=True, type=click.IntRange(min=0), help="GPU ordinal."),
+        ]):
+            f = opt(f)
+        return f
+    return wrap
+
+
+def _out_path(out_dir: str | None) -> Path:
+    return report.prepare_out_dir(out_dir or f"cmt-bench-{dt.datetime.now():%Y%m%d-%H%M%S}")
+
+
+def _engine_info(selection: cfg.Selection) -> dict[str, Any]:
+    """The cmt configuration measured: the tuned file if any, and the plan string in force."""
+    lib = native.load()
+    if selection.config is not None:
+        native.configure(selection.config.to_plan())
+    return {"version": lib.cmt_version().decode(), "library": str(native.library_path()),
+            "config": str(selection.path) if selection.path else None, "reason": selection.reason,
+            "plan": native.active_plan()}
+
+
+def _open_gpu(device: int) -> tuple[cuda.Driver, cuda.Device]:
+    drv = cuda.load()
+    return drv, drv.open_device(device)
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=True)
+
+
+def _finish(doc: dict[str, Any], out: Path, kind: str, as_json: bool, no_plot: bool, tables: list) -> list[Path]:
+    written = [report.write_json(doc, out / f"{kind}.json")]
+    if not no_plot:
+        plot = report.plot_copy if kind == "copy" else report.plot_workloads
+        written.append(plot(doc, out / f"{kind}.png"))
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        console = Console()
+        for t in tables:
+            console.print(t)
+    click.echo("wrote " + ", ".join(str(p) for p in written), err=True)
+    return written
+
+
+@bench.command("copy")
+@click.option("--sizes", metavar="LIST", help=f"Copy sizes: a list (4K,1M,64M) or a power-of-two range (4K:1G) "
+              f"[default: {DEFAULT_SIZES}; with --quick {QUICK_SIZES}].")
+@click.option("--directions", default=",".join(copy_sweep.DIRECTIONS), show_default=True, metavar="LIST",
+              help="Any of h2d, d2h, d2h-fresh (device to never-touched host memory).")
+@click.option("--modes", default=",".join(copy_sweep.MODES), show_default=True, metavar="LIST",
+              help="Any of pageable (the driver's default), pinned (the link's limit), cmt, cpu (memcpy by threads).")
+@click.option("--repeats", type=click.IntRange(min=1), help="Timed repeats per measurement [default: by size].")
+@click.option("--warmup", type=click.IntRange(min=0), help="Untimed copies first [default: 2; with --quick 1].")
+@_common_options("copy")
+def copy_cmd(sizes, directions, modes, repeats, warmup, out_dir, as_json, no_plot, quick, config_path, device):
+    """Copy bandwidth by size: default pageable copy, pinned, cmt's engine and CPU memcpy."""
+    cuda.require_real_driver("cmt bench")
+    plan = copy_sweep.SweepPlan(parse_sizes(sizes or (QUICK_SIZES if quick else DEFAULT_SIZES)),
+                                parse_names(directions, copy_sweep.DIRECTIONS, "direction"),
+                                parse_names(modes, copy_sweep.MODES, "mode"),
+                                copy_sweep.cpu_thread_counts(fingerprint.usable_cpus()))
+    reps = copy_sweep.QUICK if quick else copy_sweep.FULL
+    reps = copy_sweep.Repetitions(warmup if warmup is not None else reps.warmup, reps.least, reps.most,
+                                  reps.target_bytes, repeats)
+    selection = cfg.select(config_path)
+    out = _out_path(out_dir)
+    drv, dev = _open_gpu(device)
+    engine = _engine_info(selection)
+    machine = fingerprint.machine(drv, dev)
+    tasks = plan.tasks()
+    status = Console(stderr=True)
+    status.print(f"[bold]{report.machine_text(machine)}[/]; cmt plan: {engine['plan'] or '(none)'}")
+    with copy_sweep.CopyBench(drv, dev, max(plan.sizes)) as bench_, _progress(status) as progress:
+        bar = progress.add_task("copy sweep", total=len(tasks))
+
+        def done(task: copy_sweep.Task, result: copy_sweep.Result) -> None:
+            label = f"cpu x{task.threads}" if task.mode == "cpu" else f"{task.mode} {task.direction}"
+            progress.update(bar, advance=1, description=f"{format_size(task.nbytes)} {label}: "
+                                                        f"{result.median_gbps:.1f} GB/s")
+
+        results = copy_sweep.run_sweep(bench_, tasks, reps, done)
+    doc = copy_sweep.document(results, machine, engine, plan, reps, quick)
+    _finish(doc, out, "copy", as_json, no_plot, report.copy_tables(doc))
+
+
+def _visible_device_env(device: int) -> dict[str, str]:
+    """Runs the workloads on GPU `device` (counted among the GPUs this process sees)."""
+    env = workload_runner.plain_env()
+    visible = [v for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if visible and device >= len(visible):
+        raise CmtError(f"GPU {device} does not exist: CUDA_VISIBLE_DEVICES lists {len(visible)}")
+    env["CUDA_VISIBLE_DEVICES"] = visible[device] if visible else str(device)
+    return env
+
+
+@bench.command("workloads")
+@click.option("--list", "list_only", is_flag=True, help="List the workloads and exit.")
+@click.option("--only", metavar="LIST", help="Run only these workloads (comma-separated names).")
+@click.option("--timeout", "timeout_s", default=300, show_default=True, type=click.IntRange(min=1),
+              help="Seconds allowed to each run of a workload.")
+@_common_options("workloads")
+def workloads_cmd(list_only, only, timeout_s, out_dir, as_json, no_plot, quick, config_path, device):
+    """Real programs run twice, plainly and under `cmt run`: end-to-end and inner speed-ups."""
+    chosen = workloads.select(only)
+    if list_only:
+        for w in chosen:
+            click.echo(f"{w.name:20} {w.description}")
+        return
+    cuda.require_real_driver("cmt bench workloads")
+    selection = cfg.select(config_path)
+    out = _out_path(out_dir)
+    drv, dev = _open_gpu(device)
+    engine = _engine_info(selection)
+    machine = fingerprint.machine(drv, dev)
+    drv.close_device(dev)  # the workloads need the GPU, not this process
+    opts = workload_runner.SuiteOptions(quick, str(selection.path) if selection.path else None, timeout_s,
+                                        _visible_device_env(device))
+    status = Console(stderr=True)
+    with _progress(status) as progress:
+        bar = progress.add_task("workloads", total=len(chosen))
+
+        def phase(w: workloads.Workload, name: str) -> None:
+            progress.update(bar, description=f"{w.name}: {name}")
+
+        def done(w: workloads.Workload, entry: dict[str, Any]) -> None:
+            progress.advance(bar)
+            if entry["status"] != "ok":
+                status.print(f"{w.name}: {entry['status']}: {entry.get('skip') or entry.get('error')}")
+
+        entries = workload_runner.run_suite(chosen, opts, phase, done)
+    doc = workload_runner.document(entries, machine, engine, quick)
+    _finish(doc, out, "workloads", as_json, no_plot, [report.workloads_table(doc)])
+    failed = [e["name"] for e in entries if e["status"] in ("error", "timeout")]
+    if failed:
+        raise CmtError(f"{len(failed)} workload{'s' if len(failed) > 1 else ''} failed: {', '.join(failed)} "
+                       f"(see {out / 'workloads.json'})", exit_code=1)
+

@@ -1,0 +1,58 @@
+"""The workloads of `cmt bench workloads`, listed in one place.
+
+Each workload is one script in this folder, run as its own process twice: plainly and under
+`cmt run`. A script takes `--quick`, `--work-dir DIR` (scratch space shared by its runs) and
+`--prepare` (check the framework, create input files; untimed), and prints one JSON line last:
+`{"inner_s": ..., "bytes": ..., "inner_label": ...}`, or `{"skip": "one-line reason"}` (exit 0)
+when its framework, a GPU or enough memory is missing. `_common.py` has the helpers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...errors import CmtError
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    script: str
+    description: str
+
+    @property
+    def path(self) -> Path:
+        return HERE / self.script
+
+
+WORKLOADS: tuple[Workload, ...] = (
+    Workload("torch-tensor", "torch_tensor.py", "PyTorch .to('cuda') and .cpu() of a 1 GiB tensor"),
+    Workload("seed-torch", "seed_torch.py", "np.zeros((1024, 3, 224, 224)) to CUDA through torch and back"),
+    Workload("seed-jax", "seed_jax.py", "np.zeros((1024, 3, 224, 224)) through jax.device_put and np.asarray"),
+    Workload("cupy", "cupy_roundtrip.py", "CuPy asarray and get of a 1 GiB array"),
+    Workload("hf-load", "hf_load.py", "transformers from_pretrained(device_map='cuda') of a local safetensors model"),
+    Workload("torch-save-load", "torch_save_load.py", "torch.save of a GPU state dict, torch.load to CUDA"),
+    Workload("dcp-async-save", "dcp_async_save.py", "torch.distributed.checkpoint async_save of a GPU model"),
+    Workload("activation-offload", "activation_offload.py", "training steps with save_on_cpu activation offload"),
+    Workload("dataloader", "dataloader.py", "a DataLoader feeding pageable batches to the GPU"),
+)
+
+
+def names() -> list[str]:
+    return [w.name for w in WORKLOADS]
+
+
+def select(only: str | None) -> list[Workload]:
+    """All workloads, or those named in a comma-separated list (in the suite's order)."""
+    if only is None:
+        return list(WORKLOADS)
+    wanted = [n.strip() for n in only.split(",") if n.strip()]
+    if not wanted:
+        raise CmtError(f"--only names no workload (choose from {', '.join(names())})")
+    unknown = [n for n in wanted if n not in names()]
+    if unknown:
+        raise CmtError(f"unknown workload {', '.join(map(repr, unknown))} (choose from {', '.join(names())})")
+    return [w for w in WORKLOADS if w.name in wanted]

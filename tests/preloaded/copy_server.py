@@ -1,0 +1,303 @@
+"""A process that runs under LD_PRELOAD=libcmt.so with the stand-in driver and performs the copies
+the tests ask for, one JSON request per stdin line, one JSON reply per stdout line.
+
+It reaches the driver through ctypes, i.e. the dlsym door, or through cuGetProcAddress when a
+request says so. Every copy is checked byte for byte here, against the device bytes read with the
+fake's peek (which bypasses cmt), and the reply says what cmt did with it (its statistics).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import random
+import sys
+import threading
+import traceback
+
+import numpy as np
+
+from fake_cuda.fake_client import (
+    CU_GET_PROC_ADDRESS_LEGACY_STREAM,
+    CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+    CU_STREAM_NON_BLOCKING,
+    STREAM_LEGACY,
+    STREAM_PER_THREAD,
+    Driver,
+)
+
+drv = Driver("libcuda.so.1")
+ctx = drv.init_primary(0)
+_cmt = ctypes.CDLL(None)  # the preloaded library answers through the global scope
+
+
+def stats() -> dict:
+    fn = _cmt.cmt_stats_json
+    fn.restype = ctypes.c_int
+    size = fn(None, 0)
+    buf = ctypes.create_string_buffer(size + 1)
+    fn(buf, size + 1)
+    return json.loads(buf.value)
+
+
+def stats_delta(before: dict, after: dict) -> dict:
+    """{"h2d": {"accelerated": copies, ...}} for the outcomes that changed."""
+    out: dict = {}
+    for d in after:
+        for k, (c, _b) in after[d].items():
+            diff = c - before[d][k][0]
+            if diff:
+                out.setdefault(d, {})[k] = diff
+    return out
+
+
+_BASE = {  # exact entry point -> base name for cuGetProcAddress
+    "cuMemcpyHtoD_v2": "cuMemcpyHtoD", "cuMemcpyHtoD_v2_ptds": "cuMemcpyHtoD",
+    "cuMemcpyDtoH_v2": "cuMemcpyDtoH", "cuMemcpyDtoH_v2_ptds": "cuMemcpyDtoH",
+    "cuMemcpyHtoDAsync_v2": "cuMemcpyHtoDAsync", "cuMemcpyHtoDAsync_v2_ptsz": "cuMemcpyHtoDAsync",
+    "cuMemcpyDtoHAsync_v2": "cuMemcpyDtoHAsync", "cuMemcpyDtoHAsync_v2_ptsz": "cuMemcpyDtoHAsync",
+    "cuMemcpy": "cuMemcpy", "cuMemcpy_ptds": "cuMemcpy",
+    "cuMemcpyAsync": "cuMemcpyAsync", "cuMemcpyAsync_ptsz": "cuMemcpyAsync",
+}
+
+
+def entry(name: str, door: str):
+    """The callable for an exact entry point, reached through `door`."""
+    if door == "dlsym":
+        assert drv.dlsym(name) == wrapper_address(name), f"dlsym: {name} was not replaced by cmt's wrapper"
+        return drv.fn(name), name
+    per_thread = name.endswith(("_ptds", "_ptsz"))
+    flags = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM if per_thread else CU_GET_PROC_ADDRESS_LEGACY_STREAM
+    api = {"gpa_v2": "cuGetProcAddress_v2", "gpa_v2_ptsz": "cuGetProcAddress_v2", "gpa_v1": "cuGetProcAddress"}[door]
+    if door == "gpa_v2_ptsz":  # the _ptsz resolver treats DEFAULT flags as per-thread
+        api, flags = "cuGetProcAddress_v2_ptsz", (0 if per_thread else CU_GET_PROC_ADDRESS_LEGACY_STREAM)
+    # The resolver itself must come back as cmt's wrapper when looked up through the resolver.
+    resolver_fn, resolver_addr, _ = drv.get_proc_address("cuGetProcAddress", 13000, 0)
+    assert resolver_addr == drv.dlsym("cuGetProcAddress_v2"), "resolver not wrapped"
+    fn, addr, _status = drv.get_proc_address(_BASE[name], 13000, flags, api=api)
+    got = drv.exported_name(addr)
+    assert got == name, f"{door} resolved {_BASE[name]} to {got}, expected {name}"
+    assert addr == wrapper_address(name), f"{door}: {name} was not replaced by cmt's wrapper"
+    return fn, name
+
+
+def wrapper_address(name: str) -> int:
+    """cmt's exported wrapper for `name` (the global scope finds the preloaded library first)."""
+    return ctypes.cast(getattr(_cmt, name), ctypes.c_void_p).value
+
+
+def resolve_stream(kind: str, streams: dict) -> int | None:
+    if kind == "null":
+        return None
+    if kind == "legacy":
+        return STREAM_LEGACY
+    if kind == "per_thread":
+        return STREAM_PER_THREAD
+    if kind not in streams:
+        streams[kind] = drv.stream_create(CU_STREAM_NON_BLOCKING if kind == "nonblocking" else 0)
+    return streams[kind]
+
+
+_streams: dict = {}
+
+
+class HostBuffer:
+    """Host memory of a given kind; release() undoes pinning/registration (a stale registration
+    would make later, unrelated buffers at the same address look pinned)."""
+
+    def __init__(self, kind: str, n: int):
+        self.kind = kind
+        if kind == "pinned":
+            self.addr = drv.host_alloc(max(n, 1))
+            return
+        self._buf = ctypes.create_string_buffer(max(n, 1))
+        self.addr = ctypes.addressof(self._buf)
+        if kind == "registered":
+            drv.host_register(self.addr, max(n, 1))
+        elif kind != "pageable":
+            raise ValueError(kind)
+
+    def release(self) -> None:
+        if self.kind == "pinned":
+            drv.host_free(self.addr)
+        elif self.kind == "registered":
+            drv.host_unregister(self.addr)
+
+
+def roundtrip(req: dict) -> dict:
+    """H2D then D2H of `size` bytes at odd offsets through the given entry points and door."""
+    n, hoff, doff = req["size"], req.get("host_off", 0), req.get("dev_off", 0)
+    h2d_name, d2h_name = req.get("h2d", "cuMemcpyHtoD_v2"), req.get("d2h", "cuMemcpyDtoH_v2")
+    door = req.get("door", "dlsym")
+    stream = resolve_stream(req.get("stream", "null"), _streams)
+    data = np.random.default_rng(req.get("seed", 0)).bytes(n)
+    src = HostBuffer(req.get("host_kind", "pageable"), n + hoff)
+    src_addr = src.addr
+    ctypes.memmove(src_addr + hoff, data, n)
+    dev = drv.mem_alloc(n + doff + 1)
+    before = stats()
+    h2d, _ = entry(h2d_name, door)
+    args = (dev + doff, src_addr + hoff, n)  # cuMemcpyHtoD*(dst, src, n) and cuMemcpy*(dst, src, n) alike
+    rc = h2d(*args, stream) if "Async" in h2d_name else h2d(*args)
+    assert rc == 0, f"{h2d_name} returned {rc}"
+    # Stream order: D2H on the same stream sees the H2D; a pageable source can be reused at once
+    # (a pinned one only after the stream's copy ran).
+    if src.kind != "pageable":
+        drv.stream_sync(stream)
+    ctypes.memset(src_addr + hoff, 0, n)
+    dst = HostBuffer(req.get("dst_kind", "pageable"), n + hoff + 3)
+    dst_addr = dst.addr
+    d2h, _ = entry(d2h_name, door)
+    args = (dst_addr + hoff + 3, dev + doff, n)
+    rc = d2h(*args, stream) if "Async" in d2h_name else d2h(*args)
+    assert rc == 0, f"{d2h_name} returned {rc}"
+    if "Async" in d2h_name and req.get("dst_kind", "pageable") != "pageable":
+        drv.stream_sync(stream)
+    device_bytes = drv.peek(dev + doff, n)
+    back = ctypes.string_at(dst_addr + hoff + 3, n)
+    after = stats()
+    drv.mem_free(dev)
+    src.release()
+    dst.release()
+    return {"device_ok": device_bytes == data, "host_ok": back == data, "stats": stats_delta(before, after)}
+
+
+def ordering(req: dict) -> dict:
+    """A delayed "kernel" write on a stream, then cmt copies that must wait for it."""
+    n = req["size"]
+    stream = resolve_stream(req.get("stream", "blocking"), _streams)
+    copy_stream = resolve_stream(req.get("copy_stream", req.get("stream", "blocking")), _streams)
+    dev = drv.mem_alloc(n)
+    drv.memset_d8(dev, 0, n)
+    # D2H after a slow write on the same (or, for legacy, any blocking) stream sees the write.
+    drv.delayed_write(stream, dev, 0x5A, n, 200_000)
+    out = ctypes.create_string_buffer(n)
+    if copy_stream in (None, STREAM_LEGACY) and req.get("sync", True):
+        drv.memcpy("cuMemcpyDtoH_v2", out, dev, n)
+    else:
+        drv.memcpy("cuMemcpyDtoHAsync_v2", out, dev, n, copy_stream)
+    d2h_ok = out.raw == b"\x5a" * n
+    # H2D after a slow write on the stream must land after it: the final bytes are the H2D's.
+    drv.delayed_write(stream, dev, 0x11, n, 200_000)
+    src = ctypes.create_string_buffer(b"\x77" * n, n)
+    drv.memcpy("cuMemcpyHtoDAsync_v2", dev, src, n, copy_stream)
+    # Later work on the stream waits for cmt's DMAs: a pinned D2H (passed through, asynchronous).
+    pinned = drv.host_alloc(n)
+    drv.memcpy("cuMemcpyDtoHAsync_v2", pinned, dev, n, copy_stream)
+    drv.stream_sync(copy_stream)
+    h2d_ok = drv.peek(dev, n) == b"\x77" * n and ctypes.string_at(pinned, n) == b"\x77" * n
+    drv.host_free(pinned)
+    drv.mem_free(dev)
+    return {"d2h_waited": d2h_ok, "h2d_ordered": h2d_ok}
+
+
+def concurrent(req: dict) -> dict:
+    """`threads` threads, each with `streams` streams, doing round trips at once."""
+    errors: list[str] = []
+
+    def work(t: int) -> None:
+        try:
+            drv.ctx_set_current(ctx)
+            rng = random.Random(t)
+            own = [drv.stream_create(CU_STREAM_NON_BLOCKING if i % 2 else 0) for i in range(req["streams"])]
+            for i in range(req["rounds"]):
+                n = rng.randint(1 << 20, 6 << 20) + rng.randint(0, 4095)
+                s = own[i % len(own)]
+                data = rng.randbytes(n)
+                src = ctypes.create_string_buffer(data, n)
+                dev = drv.mem_alloc(n)
+                drv.memcpy("cuMemcpyHtoDAsync_v2", dev, src, n, s)
+                out = ctypes.create_string_buffer(n)
+                drv.memcpy("cuMemcpyDtoHAsync_v2", out, dev, n, s)
+                if out.raw != data:
+                    errors.append(f"thread {t} round {i}: mismatch")
+                drv.mem_free(dev)
+        except Exception as e:  # reported to the test
+            errors.append(f"thread {t}: {e!r}")
+
+    before = stats()
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(req["threads"])]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return {"errors": errors, "stats": stats_delta(before, stats())}
+
+
+def call(req: dict) -> dict:
+    """One raw call of an entry point (for pass-through and error cases); returns its CUresult."""
+    n = req["size"]
+    dev = drv.mem_alloc(n)
+    host = HostBuffer(req.get("host_kind", "pageable"), n)
+    host_addr = host.addr
+    if req.get("managed"):
+        host_addr = drv.alloc_managed(n)
+    stream = resolve_stream(req.get("stream", "null"), _streams)
+    if req.get("capture"):
+        drv.begin_capture(stream)
+    if req.get("no_context"):
+        drv.ctx_set_current(None)
+    name = req["entry"]
+    dev_arg = dev + req.get("dev_off", 0)
+    length = n + req.get("extra", 0)
+    before = stats()
+    if name.startswith("cuMemcpyHtoD"):
+        args = [dev_arg, host_addr, length]
+    elif name.startswith("cuMemcpyDtoH"):
+        args = [host_addr, dev_arg, length]
+    elif req.get("both_host"):
+        other = HostBuffer("pageable", n)
+        args = [other.addr, host_addr, length]
+    elif req.get("both_device"):
+        args = [drv.mem_alloc(n), dev_arg, length]
+    else:
+        args = [dev_arg, host_addr, length]
+    if "Async" in name:
+        args.append(stream)
+    rc = drv.call(name, *args)
+    after = stats()
+    if req.get("no_context"):
+        drv.ctx_set_current(ctx)
+    if req.get("capture"):  # the failed copy invalidated the capture: its error is expected
+        drv.call("cuStreamEndCapture", stream, ctypes.byref(ctypes.c_void_p()))
+    host.release()
+    return {"rc": rc, "stats": stats_delta(before, after)}
+
+
+def fork(req: dict) -> dict:
+    """A forked child's copies pass through (its CUDA state is not inherited); the parent goes on."""
+    n = req["size"]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            drv.ctx_set_current(None)  # the fake's stream threads do not exist here either
+            src = ctypes.create_string_buffer(n)
+            before = stats()
+            rc = drv.call("cuMemcpyHtoD_v2", 0x1234, ctypes.addressof(src), n)
+            os.write(w, json.dumps({"rc": rc, "stats": stats_delta(before, stats())}).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    child = json.loads(os.read(r, 65536) or b"{}")
+    os.waitpid(pid, 0)
+    parent = roundtrip({"size": n, "seed": 5})
+    return {"child": child, "parent": parent}
+
+
+def main() -> None:
+    handlers = {"roundtrip": roundtrip, "ordering": ordering, "concurrent": concurrent, "call": call,
+                "fork": fork, "stats": lambda _r: stats()}
+    for line in sys.stdin:
+        req = json.loads(line)
+        try:
+            reply = {"ok": True, **handlers[req["op"]](req)}
+        except Exception:
+            reply = {"ok": False, "error": traceback.format_exc()}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

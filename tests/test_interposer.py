@@ -1,0 +1,223 @@
+"""The interposer and engine against the stand-in driver: bytes, doors, ordering, pass-through.
+
+A copy server (tests/preloaded/copy_server.py) runs under LD_PRELOAD=libcmt.so with the fake
+libcuda; tests send it requests. Every reply carries cmt's statistics for that request, so each
+test also checks what cmt did (accelerated, or passed through for the right reason).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cmt.native import library_path
+
+TESTS = Path(__file__).resolve().parent
+MIB = 1 << 20
+
+# Stage everything from 1 byte, in 4 KiB chunks over 3 threads: many chunk boundaries.
+AGGRESSIVE_PLAN = "h2d:1=3,6,4096;h2d:1048576=3,9,65536;d2h:1=3,6,4096;d2h:1048576=3,9,65536"
+
+
+class CopyServer:
+    def __init__(self, fake_dir: Path, **env: str):
+        full = {**os.environ, "LD_LIBRARY_PATH": str(fake_dir), "LD_PRELOAD": str(library_path()),
+                "PYTHONPATH": str(TESTS), **env}
+        self.proc = subprocess.Popen([sys.executable, str(TESTS / "preloaded" / "copy_server.py")],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=full)
+
+    def __call__(self, op: str, **req) -> dict:
+        self.proc.stdin.write(json.dumps({"op": op, **req}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"copy server died: {self.proc.wait()}\n{self.proc.stderr.read()}")
+        reply = json.loads(line)
+        assert reply["ok"], reply.get("error")
+        return reply
+
+    def close(self) -> str:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+        return self.proc.stderr.read()
+
+
+@pytest.fixture(scope="module")
+def server(fake_driver_dir):
+    s = CopyServer(fake_driver_dir)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def eager_server(fake_driver_dir):
+    s = CopyServer(fake_driver_dir, CMT_PLAN=AGGRESSIVE_PLAN)
+    yield s
+    s.close()
+
+
+def outcome(reply: dict, direction: str) -> dict:
+    return reply["stats"].get(direction, {})
+
+
+# ---- bytes ------------------------------------------------------------------------------------
+
+SIZES = st.one_of(
+    st.integers(1, 64 * 1024),
+    st.integers(64 * 1024, 8 * MIB),
+    st.sampled_from([1, 4095, 4096, 4097, 65535, 65536, 65537, MIB - 1, MIB, MIB + 1, 3 * MIB + 17]),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(size=SIZES, host_off=st.integers(0, 63), dev_off=st.integers(0, 63),
+       pair=st.sampled_from([("cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2"),
+                             ("cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2"),
+                             ("cuMemcpyHtoD_v2_ptds", "cuMemcpyDtoH_v2_ptds"),
+                             ("cuMemcpyHtoDAsync_v2_ptsz", "cuMemcpyDtoHAsync_v2_ptsz"),
+                             ("cuMemcpy", "cuMemcpy"), ("cuMemcpyAsync_ptsz", "cuMemcpyAsync")]),
+       stream=st.sampled_from(["null", "legacy", "per_thread", "blocking", "nonblocking"]),
+       seed=st.integers(0, 2**32))
+def test_bytes_exact_at_any_size_and_offset(eager_server, size, host_off, dev_off, pair, stream, seed):
+    r = eager_server("roundtrip", size=size, host_off=host_off, dev_off=dev_off, h2d=pair[0], d2h=pair[1],
+                     stream=stream, seed=seed)
+    assert r["device_ok"] and r["host_ok"]
+    assert outcome(r, "h2d") == {"accelerated": 1} and outcome(r, "d2h") == {"accelerated": 1}
+
+
+@pytest.mark.parametrize("size", [64 * MIB + 3, 256 * MIB])
+def test_bytes_exact_large(server, size):
+    r = server("roundtrip", size=size, host_off=5, dev_off=3, seed=size)
+    assert r["device_ok"] and r["host_ok"]
+    assert outcome(r, "h2d") == {"accelerated": 1} and outcome(r, "d2h") == {"accelerated": 1}
+
+
+# ---- every entry point through every door -------------------------------------------------------
+
+PAIRS = [("cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2"), ("cuMemcpyHtoD_v2_ptds", "cuMemcpyDtoH_v2_ptds"),
+         ("cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2"),
+         ("cuMemcpyHtoDAsync_v2_ptsz", "cuMemcpyDtoHAsync_v2_ptsz"),
+         ("cuMemcpy", "cuMemcpy_ptds"), ("cuMemcpyAsync", "cuMemcpyAsync_ptsz")]
+
+
+@pytest.mark.parametrize("door", ["dlsym", "gpa_v2", "gpa_v2_ptsz", "gpa_v1"])
+@pytest.mark.parametrize("pair", PAIRS, ids=lambda p: p[0])
+def test_every_entry_point_through_every_door(server, door, pair):
+    r = server("roundtrip", size=2 * MIB + 7, h2d=pair[0], d2h=pair[1], door=door, stream="blocking")
+    assert r["device_ok"] and r["host_ok"]
+    assert outcome(r, "h2d") == {"accelerated": 1} and outcome(r, "d2h") == {"accelerated": 1}
+
+
+def test_direct_symbols_of_a_program_linked_with_libcuda(run_c_program, tmp_path):
+    source = (TESTS / "preloaded" / "direct_calls.cpp").read_text()
+    proc = run_c_program(source, tmp_path, env={"LD_PRELOAD": str(library_path()), "CMT_STATS": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "OK" in proc.stdout
+    # 6 H2D and 6 D2H entry points (typed, _ptds/_ptsz, cuMemcpy[Async]) each staged once.
+    assert re.search(r"h2d accelerated\s+6 copies", proc.stderr), proc.stderr
+    assert re.search(r"d2h accelerated\s+6 copies", proc.stderr), proc.stderr
+
+
+# ---- stream ordering ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("stream", ["blocking", "nonblocking", "per_thread"])
+def test_copies_wait_for_prior_work_and_later_work_waits_for_them(server, stream):
+    r = server("ordering", size=3 * MIB, stream=stream)
+    assert r["d2h_waited"], "D2H read device memory before the earlier write on its stream finished"
+    assert r["h2d_ordered"], "H2D was overtaken by earlier work, or later work did not wait for it"
+
+
+def test_legacy_stream_copy_waits_for_blocking_streams(server):
+    r = server("ordering", size=3 * MIB, stream="blocking", copy_stream="legacy")
+    assert r["d2h_waited"] and r["h2d_ordered"]
+
+
+# ---- pass-through cases -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("host_kind,reason", [("pinned", "pinned_host"), ("registered", "pinned_host")])
+def test_pinned_and_registered_memory_pass_through(server, host_kind, reason):
+    r = server("roundtrip", size=4 * MIB, host_kind=host_kind, dst_kind=host_kind, h2d="cuMemcpyHtoDAsync_v2",
+               d2h="cuMemcpyDtoHAsync_v2", stream="blocking")
+    assert r["device_ok"] and r["host_ok"]
+    assert outcome(r, "h2d") == {reason: 1} and outcome(r, "d2h") == {reason: 1}
+
+
+def test_small_copies_pass_through(server):
+    r = server("roundtrip", size=4096)
+    assert r["device_ok"] and r["host_ok"]
+    assert outcome(r, "h2d") == {"below_minimum": 1}
+
+
+def test_managed_memory_passes_through(server):
+    r = server("call", entry="cuMemcpyHtoD_v2", size=4 * MIB, managed=True)
+    assert r["rc"] == 0 and outcome(r, "h2d") == {"managed": 1}
+
+
+def test_capturing_stream_passes_through_with_the_drivers_error(server):
+    r = server("call", entry="cuMemcpyHtoDAsync_v2", size=4 * MIB, stream="blocking", capture=True)
+    assert r["rc"] == 900 and outcome(r, "h2d") == {"capturing": 1}
+
+
+def test_no_context_passes_through_with_the_drivers_error(server):
+    r = server("call", entry="cuMemcpyHtoD_v2", size=4 * MIB, no_context=True)
+    assert r["rc"] == 201 and outcome(r, "h2d") == {"no_context": 1}
+
+
+def test_out_of_range_device_copy_gets_the_drivers_error(server):
+    r = server("call", entry="cuMemcpyHtoD_v2", size=4 * MIB, dev_off=4096)
+    assert r["rc"] == 1 and outcome(r, "h2d") == {"device_range": 1}
+
+
+@pytest.mark.parametrize("case", ["both_host", "both_device"])
+def test_uva_copies_that_are_not_host_device_are_left_alone(server, case):
+    r = server("call", entry="cuMemcpy", size=4 * MIB, **{case: True})
+    assert r["rc"] == 0 and r["stats"] == {}
+
+
+def test_old_32bit_abi_entry_points_are_not_wrapped(server):
+    r = server("call", entry="cuMemcpyHtoD", size=4 * MIB)
+    assert r["stats"] == {}
+
+
+# ---- concurrency, fork, switches ----------------------------------------------------------------
+
+def test_eight_threads_four_streams_at_once(server):
+    r = server("concurrent", threads=8, streams=4, rounds=6)
+    assert r["errors"] == []
+    assert outcome(r, "h2d") == {"accelerated": 48} and outcome(r, "d2h") == {"accelerated": 48}
+
+
+def test_forked_child_passes_everything_through(server):
+    r = server("fork", size=4 * MIB)
+    assert outcome(r["child"], "h2d") == {"forked_child": 1}
+    assert r["parent"]["device_ok"] and r["parent"]["host_ok"]
+    assert outcome(r["parent"], "h2d") == {"accelerated": 1}
+
+
+def test_cmt_disable_turns_everything_off(fake_driver_dir):
+    s = CopyServer(fake_driver_dir, CMT_DISABLE="1")
+    try:
+        r = s("roundtrip", size=8 * MIB)
+        assert r["device_ok"] and r["host_ok"]
+        assert outcome(r, "h2d") == {"disabled": 1} and outcome(r, "d2h") == {"disabled": 1}
+    finally:
+        s.close()
+
+
+def test_debug_log_explains_each_decision_once(fake_driver_dir):
+    s = CopyServer(fake_driver_dir, CMT_LOG="debug")
+    for _ in range(3):
+        s("roundtrip", size=8 * MIB)
+        s("roundtrip", size=1000)
+    err = s.close()
+    assert err.count("h2d copy of 8388608 bytes: accelerated") == 1, err
+    assert err.count("below_minimum") == 2, err  # once per direction
