@@ -101,6 +101,14 @@ def test_bytes_exact_large(server, size):
     assert outcome(r, "h2d") == {"accelerated": 1} and outcome(r, "d2h") == {"accelerated": 1}
 
 
+@pytest.mark.parametrize("size", [5 * MIB + 123, 40 * MIB])
+def test_device_to_host_into_never_touched_memory(server, size):
+    r = server("roundtrip", size=size, dst_kind="fresh", h2d="cuMemcpyHtoD_v2", d2h="cuMemcpyDtoHAsync_v2",
+               stream="blocking")
+    assert r["device_ok"] and r["host_ok"]
+    assert outcome(r, "d2h") == {"accelerated": 1}
+
+
 # ---- every entry point through every door -------------------------------------------------------
 
 PAIRS = [("cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2"), ("cuMemcpyHtoD_v2_ptds", "cuMemcpyDtoH_v2_ptds"),

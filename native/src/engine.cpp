@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "driver.hpp"
+#include "fast_copy.hpp"
 #include "log.hpp"
 
 #ifndef MADV_POPULATE_WRITE
@@ -37,66 +38,107 @@ inline void cpu_relax() {
 
 using Clock = std::chrono::steady_clock;
 
+long env_long(const char* name, long fallback) {
+  const char* v = getenv(name);
+  return v && *v ? atol(v) : fallback;
+}
+
 // How long idle workers spin before sleeping: back-to-back copies (a model's tensors) then start
 // without a futex wake-up per worker.
 std::chrono::microseconds spin_time() {
-  static const long us = [] {
-    const char* v = getenv("CMT_SPIN_US");
-    return v ? std::max(0L, atol(v)) : 200L;
-  }();
+  static const long us = std::max(0L, env_long("CMT_SPIN_US", 200));
   return std::chrono::microseconds(us);
 }
 
-// Device-to-host into never-touched pages would take one page fault per 4 KiB inside memcpy,
-// serialised on the process's page-table lock. Faulting a chunk in with one madvise while its DMA
-// runs takes them in bulk and in parallel across lanes (shared/measurements: 1.4 -> 22 GB/s).
-std::atomic<bool> g_populate_ok{true};
+// ---- destination pre-faulting ---------------------------------------------------------------
+// Device-to-host into never-touched pages would take one page fault per 4 KiB inside the copy,
+// serialised in the kernel. Instead the lanes fault the destination in ahead of the copy-out,
+// 2 MiB per madvise(MADV_POPULATE_WRITE), in parallel with each other and with the DMAs.
+enum class Prefault { None, Populate, HugePopulate };
 
-void prefault_destination(char* p, size_t len) {
-  if (!g_populate_ok.load(std::memory_order_relaxed)) return;
-  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-  uintptr_t a = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1);
-  uintptr_t e = (reinterpret_cast<uintptr_t>(p) + len) & ~(page - 1);
-  if (e <= a) return;
+Prefault prefault_mode() {
+  static const Prefault mode = [] {
+    const char* v = getenv("CMT_PREFAULT");
+    if (v && !strcmp(v, "none")) return Prefault::None;
+    if (v && !strcmp(v, "huge")) return Prefault::HugePopulate;
+    return Prefault::Populate;
+  }();
+  return mode;
+}
+
+std::atomic<bool> g_populate_ok{true};
+const uintptr_t kPage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+constexpr size_t kFaultUnit = size_t(2) << 20;       // one huge page, or 512 small ones per madvise
+constexpr size_t kFaultLookahead = size_t(16) << 20;  // how far ahead of the copy-out faulting runs
+
+bool page_resident(const void* p) {
+  uintptr_t a = reinterpret_cast<uintptr_t>(p) & ~(kPage - 1);
   unsigned char resident = 0;
-  // Already faulted in (the common case for reused buffers): nothing to do.
-  if (mincore(reinterpret_cast<void*>(a), page, &resident) == 0 && (resident & 1)) return;
+  return mincore(reinterpret_cast<void*>(a), kPage, &resident) == 0 && (resident & 1);
+}
+
+void populate(char* p, size_t len) {
+  uintptr_t a = (reinterpret_cast<uintptr_t>(p) + kPage - 1) & ~(kPage - 1);
+  uintptr_t e = (reinterpret_cast<uintptr_t>(p) + len) & ~(kPage - 1);
+  if (e <= a || !g_populate_ok.load(std::memory_order_relaxed)) return;
   if (madvise(reinterpret_cast<void*>(a), e - a, MADV_POPULATE_WRITE) != 0 &&
       (errno == EINVAL || errno == ENOSYS)) {
     g_populate_ok.store(false, std::memory_order_relaxed);
-    log::write(log::Level::Debug, "MADV_POPULATE_WRITE unsupported (kernel < 5.14); faults stay in memcpy");
+    log::write(log::Level::Debug, "MADV_POPULATE_WRITE unsupported (kernel < 5.14); faults stay in the copy");
   }
 }
 
-struct LaneContext {
+// With CMT_PREFAULT=huge the destination's whole 2 MiB-aligned interior becomes eligible for
+// transparent huge pages first (it is about to be written entirely): 512 times fewer faults.
+void advise_huge_pages(char* p, size_t len) {
+  uintptr_t a = (reinterpret_cast<uintptr_t>(p) + kFaultUnit - 1) & ~(kFaultUnit - 1);
+  uintptr_t e = (reinterpret_cast<uintptr_t>(p) + len) & ~(kFaultUnit - 1);
+  if (e > a) madvise(reinterpret_cast<void*>(a), e - a, MADV_HUGEPAGE);
+}
+
+// ---- engine state -----------------------------------------------------------------------------
+
+constexpr int kMaxSlots = kMaxBuffers;
+
+struct ContextResources {
   CUcontext ctx = nullptr;
-  CUstream stream = nullptr;
-  CUevent slot_event[kMaxDepth] = {};
-  CUevent done_event = nullptr;
+  CUstream stream = nullptr;  // every DMA of this context, in order
+  CUevent slot_event[kMaxSlots] = {};
+  CUevent done = nullptr;
 };
 
-struct Lane {
-  std::vector<LaneContext> contexts;  // one per CUDA context this lane has served
-  LaneContext* active = nullptr;
-  void* slot[kMaxDepth] = {};
-  int slots = 0;
-  size_t slot_bytes = 0;
-  CUevent busy[kMaxDepth] = {};  // event of the DMA still using a slot, or null
-  int next_slot = 0;
-  bool issued = false;           // queued a DMA in the current job
-  CUcontext thread_ctx = nullptr;  // context current in this lane's worker thread
+struct Slot {
+  void* mem = nullptr;
+  CUevent last_event = nullptr;        // the slot's most recent DMA (any context)
+  std::atomic<long> issued{-1};        // last round of this copy whose DMA was queued
+  std::atomic<long> known_done{-1};    // last round whose DMA is known finished
+  std::atomic<long> sync_claimed{-1};  // last round a lane has taken on to wait for in the driver
+  std::atomic<int> pending{0};         // pieces of the current round still to fill / drain
 };
 
 struct Job {
   Direction dir = Direction::HtoD;
   CUcontext ctx = nullptr;
+  ContextResources* res = nullptr;
   char* host = nullptr;
   CUdeviceptr device = 0;
-  size_t bytes = 0, chunk = 0, chunks = 0;
-  int depth = 1;
+  size_t bytes = 0;
+  size_t block = 0;        // bytes per DMA
+  size_t piece = 0;        // bytes per unit of CPU work
+  size_t blocks = 0;
+  size_t pieces_per_block = 0;
+  size_t pieces = 0;
+  int slots = 0;
   std::atomic<size_t> next{0};
+  std::atomic<size_t> fault_next{0};  // destination bytes below this are faulted in or being so
+  bool prefault = false;              // device-to-host into memory not faulted in yet
   std::atomic<int> remaining{0};
   std::atomic<CUresult> error{CUDA_SUCCESS};
+
+  size_t block_len(size_t b) const { return std::min(block, bytes - b * block); }
+  int pieces_in(size_t b) const {
+    return static_cast<int>((block_len(b) + piece - 1) / piece);
+  }
 };
 
 class Engine {
@@ -105,20 +147,28 @@ class Engine {
   void forget() { forked_ = true; }
 
  private:
-  bool prepare(int lanes, CUcontext ctx, size_t chunk, int depth);
-  bool prepare_lane(Lane& lane, CUcontext ctx, size_t slot_bytes, int depth);
+  ContextResources* resources_for(CUcontext ctx, int slots);
+  bool ensure_slots(int slots, size_t bytes);
   void start_worker(int index);
   void worker_main(int index, uint64_t seen);
-  void run_lane(Lane& lane);
-  void run_lane_htod(Lane& lane);
-  void run_lane_dtoh(Lane& lane);
+  void run_lane();
+  bool process_htod(size_t p);
+  bool process_dtoh(size_t p);
+  void fault_ahead(size_t upto);
+  CUresult queue_dma(size_t b);
+  bool wait_issued(Slot& s, long round);
+  bool wait_done(Slot& s, long round);
   void fail(CUresult r);
-  size_t chunk_len(size_t c) const { return std::min(job_.chunk, job_.bytes - c * job_.chunk); }
 
   const Driver& d_ = driver();
-  std::mutex job_mutex_;  // one copy at a time; copies are link-bound anyway
-  Lane lanes_[kMaxThreads];
-  int workers_ = 0;       // worker threads started (lanes 1..workers_)
+  std::mutex job_mutex_;  // one copy at a time: copies are bound by the one link anyway
+  std::vector<ContextResources*> contexts_;
+  CUcontext last_ctx_ = nullptr;
+  Slot slots_[kMaxSlots];
+  int slot_count_ = 0;
+  size_t slot_bytes_ = 0;
+  CUcontext thread_ctx_[kMaxThreads] = {};  // context current in each worker thread
+  int workers_ = 0;                        // worker threads started (lanes 1..workers_)
   Job job_;
   std::atomic<uint64_t> ticket_{0};  // (generation << 8) | lanes of the current job
   std::mutex wake_mutex_;
@@ -129,52 +179,50 @@ class Engine {
 void Engine::fail(CUresult r) {
   CUresult expected = CUDA_SUCCESS;
   job_.error.compare_exchange_strong(expected, r);
-  job_.next.store(job_.chunks, std::memory_order_relaxed);  // the other lanes stop claiming
+  job_.next.store(job_.pieces, std::memory_order_relaxed);  // the other lanes stop claiming
 }
 
-bool Engine::prepare_lane(Lane& lane, CUcontext ctx, size_t slot_bytes, int depth) {
-  lane.active = nullptr;
-  for (auto& lc : lane.contexts) {
-    if (lc.ctx == ctx) lane.active = &lc;
+ContextResources* Engine::resources_for(CUcontext ctx, int slots) {
+  ContextResources* res = nullptr;
+  for (auto* c : contexts_) {
+    if (c->ctx == ctx) res = c;
   }
-  if (!lane.active) {
-    LaneContext lc;
-    lc.ctx = ctx;
-    if (d_.cuStreamCreate(&lc.stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return false;
-    for (auto& e : lc.slot_event) {
-      if (d_.cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return false;
+  if (!res) {
+    auto* c = new ContextResources();
+    c->ctx = ctx;
+    if (d_.cuStreamCreate(&c->stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
+        d_.cuEventCreate(&c->done, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+      delete c;  // handles created so far are leaked; this only happens when the driver is failing
+      return nullptr;
     }
-    if (d_.cuEventCreate(&lc.done_event, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return false;
-    lane.contexts.push_back(lc);
-    lane.active = &lane.contexts.back();
+    contexts_.push_back(c);
+    res = c;
   }
-  if (lane.slot_bytes < slot_bytes) {  // larger chunks than before: replace the buffers
-    for (int s = 0; s < lane.slots; ++s) {
-      if (lane.busy[s]) d_.cuEventSynchronize(lane.busy[s]);
-      lane.busy[s] = nullptr;
-      d_.cuMemFreeHost(lane.slot[s]);
+  for (int s = 0; s < slots; ++s) {
+    if (!res->slot_event[s] && d_.cuEventCreate(&res->slot_event[s], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+      return nullptr;
     }
-    lane.slots = 0;
-    lane.slot_bytes = slot_bytes;
   }
-  while (lane.slots < depth) {
-    // Portable: one set of buffers serves every context and device.
-    if (d_.cuMemHostAlloc(&lane.slot[lane.slots], lane.slot_bytes, CU_MEMHOSTALLOC_PORTABLE) != CUDA_SUCCESS) {
+  return res;
+}
+
+bool Engine::ensure_slots(int slots, size_t bytes) {
+  if (slot_bytes_ < bytes) {  // larger blocks than before: replace the buffers
+    for (int s = 0; s < slot_count_; ++s) {
+      if (slots_[s].last_event) d_.cuEventSynchronize(slots_[s].last_event);
+      slots_[s].last_event = nullptr;
+      d_.cuMemFreeHost(slots_[s].mem);
+    }
+    slot_count_ = 0;
+    slot_bytes_ = bytes;
+  }
+  while (slot_count_ < slots) {
+    // Portable: one ring serves every context and device.
+    if (d_.cuMemHostAlloc(&slots_[slot_count_].mem, slot_bytes_, CU_MEMHOSTALLOC_PORTABLE) != CUDA_SUCCESS) {
       return false;
     }
-    ++lane.slots;
+    ++slot_count_;
   }
-  lane.next_slot %= depth;
-  lane.issued = false;
-  return true;
-}
-
-bool Engine::prepare(int lanes, CUcontext ctx, size_t chunk, int depth) {
-  size_t slot_bytes = std::max(chunk, active_plan().max_chunk());
-  for (int i = 0; i < lanes; ++i) {
-    if (!prepare_lane(lanes_[i], ctx, slot_bytes, depth)) return false;
-  }
-  while (workers_ < lanes - 1) start_worker(++workers_);
   return true;
 }
 
@@ -192,7 +240,6 @@ void Engine::worker_main(int index, uint64_t seen) {
   char name[16];
   snprintf(name, sizeof name, "cmt-copy-%d", index);
   pthread_setname_np(pthread_self(), name);
-  Lane& lane = lanes_[index];
   for (;;) {
     uint64_t t = ticket_.load(std::memory_order_acquire);
     if ((t >> 8) == seen) {
@@ -204,154 +251,236 @@ void Engine::worker_main(int index, uint64_t seen) {
     }
     seen = t >> 8;
     if (index >= static_cast<int>(t & 0xff)) continue;  // not needed for this copy
-    if (lane.thread_ctx != job_.ctx) {
-      bool first = lane.thread_ctx == nullptr;
+    if (thread_ctx_[index] != job_.ctx) {
+      bool first = thread_ctx_[index] == nullptr;
       CUresult r = d_.cuCtxSetCurrent(job_.ctx);
       if (r != CUDA_SUCCESS) {
         fail(r);
         job_.remaining.fetch_sub(1, std::memory_order_release);
         continue;
       }
-      lane.thread_ctx = job_.ctx;
+      thread_ctx_[index] = job_.ctx;
       if (first) {
         // Never count as an unsafe call in another thread's global-mode graph capture.
         CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
         d_.cuThreadExchangeStreamCaptureMode(&mode);
       }
     }
-    run_lane(lane);
+    run_lane();
     job_.remaining.fetch_sub(1, std::memory_order_release);
   }
 }
 
-void Engine::run_lane(Lane& lane) {
-  if (job_.dir == Direction::HtoD) run_lane_htod(lane);
-  else run_lane_dtoh(lane);
+// Spins until the slot's DMA for `round` has been queued; false if the copy failed meanwhile.
+bool Engine::wait_issued(Slot& s, long round) {
+  while (s.issued.load(std::memory_order_acquire) < round) {
+    if (job_.error.load(std::memory_order_relaxed) != CUDA_SUCCESS) return false;
+    cpu_relax();
+  }
+  return true;
 }
 
-void Engine::run_lane_htod(Lane& lane) {
-  LaneContext& lc = *lane.active;
-  for (;;) {
-    size_t c = job_.next.fetch_add(1, std::memory_order_relaxed);
-    if (c >= job_.chunks) break;
-    size_t off = c * job_.chunk, len = chunk_len(c);
-    int s = lane.next_slot;
-    lane.next_slot = (s + 1) % job_.depth;
-    if (lane.busy[s]) {  // its previous DMA must have read the buffer before we refill it
-      CUresult r = d_.cuEventSynchronize(lane.busy[s]);
-      lane.busy[s] = nullptr;
-      if (r != CUDA_SUCCESS) return fail(r);
+// Waits until the slot's DMA for `round` (or, for round -1, an earlier copy's) has finished.
+// One lane waits in the driver; the others watch known_done (many threads waiting on one event
+// in the driver at once were measured to be slow).
+bool Engine::wait_done(Slot& s, long round) {
+  if (s.known_done.load(std::memory_order_acquire) >= round) return true;
+  long claimed = s.sync_claimed.load(std::memory_order_relaxed);
+  bool syncer = false;
+  while (claimed < round) {
+    if (s.sync_claimed.compare_exchange_weak(claimed, round)) {
+      syncer = true;
+      break;
     }
-    memcpy(lane.slot[s], job_.host + off, len);
-    CUresult r = d_.cuMemcpyHtoDAsync(job_.device + off, lane.slot[s], len, lc.stream);
-    if (r == CUDA_SUCCESS) r = d_.cuEventRecord(lc.slot_event[s], lc.stream);
-    if (r != CUDA_SUCCESS) return fail(r);
-    lane.busy[s] = lc.slot_event[s];
-    lane.issued = true;
   }
-  if (lane.issued) {
-    CUresult r = d_.cuEventRecord(lc.done_event, lc.stream);
-    if (r != CUDA_SUCCESS) fail(r);
+  if (!syncer) {
+    while (s.known_done.load(std::memory_order_acquire) < round) {
+      if (job_.error.load(std::memory_order_relaxed) != CUDA_SUCCESS) return false;
+      cpu_relax();
+    }
+    return true;
+  }
+  if (CUevent e = s.last_event) {
+    CUresult r = d_.cuEventSynchronize(e);
+    if (r != CUDA_SUCCESS) {
+      fail(r);
+      return false;
+    }
+  }
+  s.known_done.store(round, std::memory_order_release);
+  return true;
+}
+
+// Queues the DMA of block b into or out of its slot (by whoever completed the slot's last round).
+CUresult Engine::queue_dma(size_t b) {
+  int si = static_cast<int>(b % job_.slots);
+  Slot& s = slots_[si];
+  CUdeviceptr dev = job_.device + b * job_.block;
+  CUresult r = job_.dir == Direction::HtoD
+                   ? d_.cuMemcpyHtoDAsync(dev, s.mem, job_.block_len(b), job_.res->stream)
+                   : d_.cuMemcpyDtoHAsync(s.mem, dev, job_.block_len(b), job_.res->stream);
+  if (r == CUDA_SUCCESS) r = d_.cuEventRecord(job_.res->slot_event[si], job_.res->stream);
+  if (r != CUDA_SUCCESS) return r;
+  s.last_event = job_.res->slot_event[si];
+  return CUDA_SUCCESS;
+}
+
+bool Engine::process_htod(size_t p) {
+  size_t b = p / job_.pieces_per_block, i = p % job_.pieces_per_block;
+  long round = static_cast<long>(b / job_.slots);
+  Slot& s = slots_[b % job_.slots];
+  // The slot is free once the DMA of its previous round (or of an earlier copy) has read it.
+  if (!wait_issued(s, round - 1) || !wait_done(s, round - 1)) return false;
+  size_t off = i * job_.piece, len = std::min(job_.piece, job_.block_len(b) - off);
+  copy_stream(static_cast<char*>(s.mem) + off, job_.host + b * job_.block + off, len);
+  if (s.pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // this lane completed the block
+    CUresult r = queue_dma(b);
+    if (r != CUDA_SUCCESS) {
+      fail(r);
+      return false;
+    }
+    size_t next = b + job_.slots;
+    if (next < job_.blocks) s.pending.store(job_.pieces_in(next), std::memory_order_relaxed);
+    s.issued.store(round, std::memory_order_release);
+  }
+  return true;
+}
+
+// Faults in the destination up to `upto` in 2 MiB units, each claimed by one lane, ahead of the
+// copy-out: the faults overlap the DMAs and no two lanes fault the same pages.
+void Engine::fault_ahead(size_t upto) {
+  upto = std::min(upto, job_.bytes);
+  size_t u = job_.fault_next.load(std::memory_order_relaxed);
+  while (u < upto) {
+    if (job_.fault_next.compare_exchange_weak(u, u + kFaultUnit)) {
+      populate(job_.host + u, std::min(kFaultUnit, job_.bytes - u));
+      u += kFaultUnit;
+    }
   }
 }
 
-void Engine::run_lane_dtoh(Lane& lane) {
-  LaneContext& lc = *lane.active;
-  size_t pending_chunk[kMaxDepth];
-  int pending_slot[kMaxDepth];
-  int head = 0, count = 0;
-  bool exhausted = false;
-  CUresult err = CUDA_SUCCESS;
-  for (;;) {
-    // Keep up to `depth` DMAs in flight for this lane, pre-faulting their destinations meanwhile.
-    while (!exhausted && count < job_.depth && err == CUDA_SUCCESS) {
-      size_t c = job_.next.fetch_add(1, std::memory_order_relaxed);
-      if (c >= job_.chunks) {
-        exhausted = true;
-        break;
+bool Engine::process_dtoh(size_t p) {
+  size_t b = p / job_.pieces_per_block, i = p % job_.pieces_per_block;
+  long round = static_cast<long>(b / job_.slots);
+  Slot& s = slots_[b % job_.slots];
+  size_t off = i * job_.piece, len = std::min(job_.piece, job_.block_len(b) - off);
+  char* dst = job_.host + b * job_.block + off;
+  if (job_.prefault) fault_ahead(b * job_.block + off + len + kFaultLookahead);
+  if (!wait_issued(s, round) || !wait_done(s, round)) return false;
+  copy_stream(dst, static_cast<char*>(s.mem) + off, len);
+  if (s.pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // slot drained: refill it
+    size_t next = b + job_.slots;
+    if (next < job_.blocks) {
+      s.pending.store(job_.pieces_in(next), std::memory_order_relaxed);
+      CUresult r = queue_dma(next);
+      if (r != CUDA_SUCCESS) {
+        fail(r);
+        return false;
       }
-      int s = lane.next_slot;
-      lane.next_slot = (s + 1) % job_.depth;
-      if (lane.busy[s]) {  // an earlier host-to-device DMA may still read this buffer
-        err = d_.cuEventSynchronize(lane.busy[s]);
-        lane.busy[s] = nullptr;
-        if (err != CUDA_SUCCESS) break;
-      }
-      size_t off = c * job_.chunk;
-      err = d_.cuMemcpyDtoHAsync(lane.slot[s], job_.device + off, chunk_len(c), lc.stream);
-      if (err == CUDA_SUCCESS) err = d_.cuEventRecord(lc.slot_event[s], lc.stream);
-      if (err != CUDA_SUCCESS) break;
-      int tail = (head + count) % kMaxDepth;
-      pending_chunk[tail] = c;
-      pending_slot[tail] = s;
-      ++count;
-      prefault_destination(job_.host + off, chunk_len(c));
+      s.issued.store(round + 1, std::memory_order_release);
     }
-    if (count == 0) break;
-    size_t c = pending_chunk[head];
-    int s = pending_slot[head];
-    head = (head + 1) % kMaxDepth;
-    --count;
-    if (err != CUDA_SUCCESS) {  // stop copying; later users of the slot wait for its DMA
-      lane.busy[s] = lc.slot_event[s];
-      continue;
-    }
-    err = d_.cuEventSynchronize(lc.slot_event[s]);
-    if (err != CUDA_SUCCESS) continue;
-    memcpy(job_.host + c * job_.chunk, lane.slot[s], chunk_len(c));
   }
-  if (err != CUDA_SUCCESS) fail(err);
+  return true;
+}
+
+void Engine::run_lane() {
+  for (;;) {
+    size_t p = job_.next.fetch_add(1, std::memory_order_relaxed);
+    if (p >= job_.pieces) return;
+    if (!(job_.dir == Direction::HtoD ? process_htod(p) : process_dtoh(p))) return;
+  }
 }
 
 CUresult Engine::copy(const CopyRequest& req) {
   if (forked_.load(std::memory_order_relaxed) || !d_.ok) return CUDA_ERROR_NOT_READY;
   const Settings& st = req.settings;
-  size_t chunk = std::clamp(st.chunk, kMinChunk, kMaxChunk);
-  size_t chunks = (req.bytes + chunk - 1) / chunk;
-  int lanes = static_cast<int>(std::min<size_t>(std::clamp(st.threads, 1, kMaxThreads), chunks));
-  int depth = st.depth();
+  size_t block = std::clamp(st.chunk, kMinChunk, kMaxChunk);
+  size_t blocks = (req.bytes + block - 1) / block;
+  int slots = static_cast<int>(std::min<size_t>(std::clamp(st.buffers, 1, kMaxSlots), blocks));
+  int threads = std::clamp(st.threads, 1, kMaxThreads);
+  // Pieces: the block shared out over the lanes, at least 64 KiB so per-piece costs stay small.
+  size_t piece = static_cast<size_t>(env_long("CMT_PIECE", 0));
+  if (!piece) piece = std::max<size_t>(64 << 10, (block / threads + 4095) & ~size_t(4095));
+  piece = std::min(piece, block);
 
   std::lock_guard<std::mutex> lock(job_mutex_);
   // The calling thread works as lane 0; keep it out of other threads' global-mode captures too.
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
   bool exchanged = d_.cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS;
-  if (!prepare(lanes, req.ctx, chunk, depth)) {
+  auto restore = [&] {
     if (exchanged) d_.cuThreadExchangeStreamCaptureMode(&mode);
+  };
+  ContextResources* res = resources_for(req.ctx, slots);
+  if (!res || !ensure_slots(slots, std::max(block, active_plan().max_chunk()))) {
+    restore();
     return CUDA_ERROR_NOT_READY;
   }
-  job_.dir = req.dir;
-  job_.ctx = req.ctx;
-  job_.host = req.host;
-  job_.device = req.device;
-  job_.bytes = req.bytes;
-  job_.chunk = chunk;
-  job_.chunks = chunks;
-  job_.depth = depth;
-  job_.next.store(0, std::memory_order_relaxed);
-  job_.error.store(CUDA_SUCCESS, std::memory_order_relaxed);
-  job_.remaining.store(lanes - 1, std::memory_order_relaxed);
+  if (last_ctx_ && last_ctx_ != req.ctx) {
+    // Another context's DMAs may still use the slots, on a stream this context cannot order after.
+    for (auto* c : contexts_) {
+      if (c->ctx == last_ctx_) d_.cuStreamSynchronize(c->stream);
+    }
+  }
+  last_ctx_ = req.ctx;
+
+  Job& j = job_;
+  j.dir = req.dir;
+  j.ctx = req.ctx;
+  j.res = res;
+  j.host = req.host;
+  j.device = req.device;
+  j.bytes = req.bytes;
+  j.block = block;
+  j.piece = piece;
+  j.blocks = blocks;
+  j.pieces_per_block = (block + piece - 1) / piece;
+  j.pieces = (blocks - 1) * j.pieces_per_block + static_cast<size_t>(j.pieces_in(blocks - 1));
+  j.slots = slots;
+  j.next.store(0, std::memory_order_relaxed);
+  j.error.store(CUDA_SUCCESS, std::memory_order_relaxed);
+  for (int s = 0; s < slots; ++s) {
+    slots_[s].issued.store(-1, std::memory_order_relaxed);
+    slots_[s].known_done.store(-2, std::memory_order_relaxed);
+    slots_[s].sync_claimed.store(-2, std::memory_order_relaxed);
+    slots_[s].pending.store(j.pieces_in(s), std::memory_order_relaxed);
+  }
+  j.fault_next.store(0, std::memory_order_relaxed);
+  j.prefault = req.dir == Direction::DtoH && prefault_mode() != Prefault::None && !page_resident(req.host) &&
+               !page_resident(req.host + req.bytes / 2);
+  if (j.prefault && prefault_mode() == Prefault::HugePopulate) advise_huge_pages(req.host, req.bytes);
+  if (req.dir == Direction::DtoH) {
+    // The first round of DMAs goes out before any lane starts; lanes queue the rest.
+    for (int s = 0; s < slots; ++s) {
+      CUresult r = queue_dma(static_cast<size_t>(s));
+      if (r != CUDA_SUCCESS) {
+        restore();
+        return r;
+      }
+      slots_[s].issued.store(0, std::memory_order_relaxed);
+    }
+  }
+  int lanes = static_cast<int>(std::min<size_t>(threads, j.pieces));
+  while (workers_ < lanes - 1) start_worker(++workers_);
+  j.remaining.store(lanes - 1, std::memory_order_relaxed);
   if (lanes > 1) {
     uint64_t gen = (ticket_.load(std::memory_order_relaxed) >> 8) + 1;
     ticket_.store((gen << 8) | static_cast<uint64_t>(lanes), std::memory_order_release);
     { std::lock_guard<std::mutex> wake(wake_mutex_); }
     wake_cv_.notify_all();
   }
-  run_lane(lanes_[0]);
+  run_lane();
   auto spin_until = Clock::now() + std::chrono::milliseconds(1);
-  while (job_.remaining.load(std::memory_order_acquire) != 0) {
+  while (j.remaining.load(std::memory_order_acquire) != 0) {
     if (Clock::now() < spin_until) cpu_relax();
     else sched_yield();
   }
-  if (exchanged) d_.cuThreadExchangeStreamCaptureMode(&mode);
+  restore();
 
-  CUresult err = job_.error.load(std::memory_order_relaxed);
-  if (req.dir == Direction::HtoD) {
+  CUresult err = j.error.load(std::memory_order_relaxed);
+  if (req.dir == Direction::HtoD && err == CUDA_SUCCESS) {
     // Later work on the caller's stream waits for the DMAs still in flight.
-    for (int i = 0; i < lanes; ++i) {
-      if (!lanes_[i].issued) continue;
-      CUresult r = d_.cuStreamWaitEvent(req.stream, lanes_[i].active->done_event, 0);
-      if (err == CUDA_SUCCESS) err = r;
-    }
+    err = d_.cuEventRecord(res->done, res->stream);
+    if (err == CUDA_SUCCESS) err = d_.cuStreamWaitEvent(req.stream, res->done, 0);
   }
   return err;
 }

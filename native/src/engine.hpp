@@ -1,11 +1,17 @@
-// The copy engine: a persistent pool of worker threads and a ring of portable pinned staging
-// buffers per worker. One engine per process, used by the interposer, the C API (benchmarks,
-// tuner) and later the storage path.
+// The copy engine: a persistent pool of worker threads (lanes) and a ring of portable pinned
+// staging buffers (slots), one private non-blocking DMA stream per context. One engine per
+// process, used by the interposer and the C API (benchmarks, tuner).
 //
-// Host-to-device: each lane copies a chunk of the pageable source into a free staging buffer and
-// queues its DMA on the lane's private non-blocking stream; a buffer is reused once its DMA event
-// completed. Device-to-host: each lane queues DMAs into its buffers ahead, pre-faults the
-// destination pages while they run, then copies each finished buffer out.
+// A copy is cut into blocks of `chunk` bytes, one DMA each, and each block into pieces of CPU
+// work. All lanes work on the same blocks: they claim pieces in order, so a block fills (or
+// drains) at the speed of all lanes together while the DMA engine works on the blocks before it.
+// Small pieces keep the pipeline's fill and drain short; large blocks keep the copy engine's
+// per-command cost low.
+//   host-to-device: lanes copy pieces of the pageable source into a slot; the lane that
+//     completes a block queues its DMA. A slot is refilled once its previous DMA finished.
+//   device-to-host: blocks are DMAed into slots ahead; lanes pre-fault the destination of their
+//     piece, wait for the block's DMA, copy the piece out; the lane that drains a slot queues the
+//     DMA of the next block that uses it.
 // The calling thread is lane 0, so a copy needs no thread wake-up to start.
 #pragma once
 #include <cstddef>
@@ -25,10 +31,10 @@ struct CopyRequest {
   Settings settings;
 };
 
-// Runs the copy with CUDA's ordering: it starts after prior work on `stream`, later work on
-// `stream` waits for it; returns once every source byte was read (HtoD) or every destination byte
-// written (DtoH). Returns CUDA_SUCCESS, a driver error from the pipeline, or
-// CUDA_ERROR_NOT_READY (nothing was copied: resources unavailable; the caller passes through).
+// Runs the copy with CUDA's ordering: the caller has already waited for prior work on `stream`;
+// later work on `stream` waits for the copy. Returns once every source byte was read (HtoD) or
+// every destination byte written (DtoH). Returns CUDA_SUCCESS, a driver error from the pipeline,
+// or CUDA_ERROR_NOT_READY (nothing was copied: resources unavailable; the caller passes through).
 CUresult engine_copy(const CopyRequest& req);
 
 // Tells a forked child that the engine's threads do not exist in it.

@@ -20,9 +20,8 @@ inline const char* direction_name(Direction d) { return d == Direction::HtoD ? "
 
 struct Settings {
   int threads = 0;    // worker lanes (the calling thread is one of them)
-  int buffers = 0;    // staging buffers in flight for the copy, over all lanes
+  int buffers = 0;    // pinned staging buffers in the ring (blocks in flight)
   size_t chunk = 0;   // bytes per staging buffer and per DMA
-  int depth() const;  // buffers per lane
 };
 
 struct Rule {
@@ -32,7 +31,7 @@ struct Rule {
 };
 
 constexpr int kMaxThreads = 64;
-constexpr int kMaxDepth = 8;
+constexpr int kMaxBuffers = 64;
 constexpr size_t kMinChunk = 4096;
 constexpr size_t kMaxChunk = size_t(256) << 20;
 

@@ -22,7 +22,8 @@
 //       52     4  cmdline_bytes: length of /proc/self/cmdline (NUL-separated argv) after the meta
 //       56     8  reserved (0)
 //       64        meta text: "key=value\n" lines: cmt_version, clock, directions, host_kinds,
-//                 outcomes, entries (comma-separated names; a record's byte fields index them)
+//                 outcomes, entries (comma-separated names; a record's byte fields index them),
+//                 outcome_text.<outcome> (why cmt passed such copies to the driver)
 //                 cmdline, then zero padding to header_bytes
 //   header_bytes  CopyRecord[] until the end of the file; a trailing partial record (killed
 //                 mid-write) is ignored. A record with entry == 0xFF is a marker, not a copy:
@@ -110,6 +111,8 @@ pthread_mutex_t g_start_mu = PTHREAD_MUTEX_INITIALIZER;
 pthread_mutex_t g_flush_mu = PTHREAD_MUTEX_INITIALIZER;
 sem_t g_wake;
 int g_fd = -1;
+dev_t g_file_dev = 0;  // identity of the file behind g_fd (a program may close and reuse the fd)
+ino_t g_file_ino = 0;
 bool g_forked = false;
 bool g_write_failed = false;
 bool g_process_hooks = false;  // atexit/atfork/signals: registered once, inherited by fork children
@@ -126,7 +129,11 @@ std::string meta_text() {
   for (int o = 0; o < kOutcomes; ++o) m += std::string(o ? "," : "") + outcome_name(static_cast<Outcome>(o));
   m += "\nentries=";
   for (int e = 0; e < kEntryCount; ++e) m += std::string(e ? "," : "") + entry_name(static_cast<EntryId>(e));
-  return m + "\n";
+  m += "\n";
+  for (int o = 0; o < kOutcomes; ++o) {
+    m += std::string("outcome_text.") + outcome_name(static_cast<Outcome>(o)) + "=" + outcome_text(static_cast<Outcome>(o)) + "\n";
+  }
+  return m;
 }
 
 std::string read_cmdline() {
@@ -190,7 +197,22 @@ int open_file() {
     close(fd);
     return -1;
   }
+  struct stat st;
+  if (fstat(fd, &st) == 0) {
+    g_file_dev = st.st_dev;
+    g_file_ino = st.st_ino;
+  }
   return fd;
+}
+
+// False once the program closed our descriptor (daemons close every fd): never write into
+// whatever file took its number.
+bool file_still_ours() {
+  struct stat st;
+  if (fstat(g_fd, &st) == 0 && st.st_dev == g_file_dev && st.st_ino == g_file_ino) return true;
+  log::write(log::Level::Warn, "profile: the program closed the recording's file; later copies are lost");
+  g_fd = -1;
+  return false;
 }
 
 // ---- flushing (flusher thread, exit, thread exit) -----------------------------------------------
@@ -204,6 +226,7 @@ struct Writer {  // batches record ranges into writev calls without allocating
     iov[n++] = {const_cast<CopyRecord*>(p), count * sizeof(CopyRecord)};
   }
   void drain() {
+    if (g_fd < 0) n = 0;
     int i = 0;
     while (i < n && !g_write_failed) {
       ssize_t w = writev(g_fd, iov + i, n - i);
@@ -228,7 +251,7 @@ struct Writer {  // batches record ranges into writev calls without allocating
 // Writes everything appended since the last flush. `may_free`: false while a fatal signal is
 // being handled (the interrupted thread may hold the allocator's lock).
 void flush_locked(bool may_free) {
-  if (g_fd < 0) return;
+  if (g_fd >= 0) file_still_ours();  // if not, buffers are still drained and freed, unwritten
   Writer w;
   Block* retired = g_retired.exchange(nullptr, std::memory_order_acquire);
   for (Block* b = retired; b; b = b->next) {
@@ -349,6 +372,7 @@ bool start_flusher() {
   int rc = pthread_create(&th, nullptr, flusher_main, nullptr);
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
   if (rc != 0) return false;
+  pthread_setname_np(th, "cmt-profile");
   pthread_detach(th);
   return true;
 }

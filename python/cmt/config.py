@@ -15,8 +15,9 @@ A tuned file is JSON::
 
 Each direction lists rules by increasing `min_bytes`; a rule covers copies from its `min_bytes`
 up to the next rule's. A rule either passes copies to the driver (`"mode": "pass"`) or stages
-them with `threads` worker threads (the calling thread is one), `buffers` pinned staging buffers
-in flight (threads..8*threads) of `chunk_bytes` each (4 KiB..256 MiB). Copies below the first rule
+them with `threads` worker threads (the calling thread is one, 1..64) and a ring of `buffers`
+pinned staging buffers (1..64) of `chunk_bytes` each (4 KiB..256 MiB); each buffer carries one
+DMA, filled or drained by all threads together. Copies below the first rule
 pass through. Rules may carry measured figures (`gbps`, `gain`), which cmt ignores when running.
 
 The native library never parses JSON: `to_plan()` turns the rules into the compact string it
@@ -37,7 +38,7 @@ FORMAT = "cmt-tuned-config"
 VERSION = 1
 DIRECTIONS = ("h2d", "d2h")
 MAX_THREADS = 64
-MAX_DEPTH = 8
+MAX_BUFFERS = 64
 MIN_CHUNK = 4096
 MAX_CHUNK = 256 << 20
 
@@ -116,7 +117,7 @@ def _parse_rule(raw: Any, where: str) -> Rule:
     if mode != "stage":
         raise CmtError(f"{where}.mode: expected 'pass' or 'stage', got {mode!r}")
     threads = _int(raw.get("threads"), f"{where}.threads", 1, MAX_THREADS)
-    buffers = _int(raw.get("buffers"), f"{where}.buffers", threads, threads * MAX_DEPTH)
+    buffers = _int(raw.get("buffers"), f"{where}.buffers", 1, MAX_BUFFERS)
     chunk = _int(raw.get("chunk_bytes"), f"{where}.chunk_bytes", MIN_CHUNK, MAX_CHUNK)
     return Rule(min_bytes, threads, buffers, chunk, extra)
 

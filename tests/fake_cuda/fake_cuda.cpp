@@ -2158,5 +2158,5 @@ FAKE_EXPORT CUresult fakecuda_poke(CUdeviceptr dst, const void* src, size_t n) {
   return CUDA_SUCCESS;
 }
 
-// Sum of bytes per second limits in effect (for tests' sanity): returns FAKE_CUDA_COPY_GBPS.
+// The FAKE_CUDA_COPY_GBPS limit in effect (0 = unlimited).
 FAKE_EXPORT double fakecuda_copy_gbps(void) { return G().copy_gbps; }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import mmap
 import os
 import random
 import sys
@@ -110,6 +111,10 @@ class HostBuffer:
         self.kind = kind
         if kind == "pinned":
             self.addr = drv.host_alloc(max(n, 1))
+            return
+        if kind == "fresh":  # never-touched pages: device-to-host must fault them in itself
+            self._map = mmap.mmap(-1, max(n, 1))
+            self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
             return
         self._buf = ctypes.create_string_buffer(max(n, 1))
         self.addr = ctypes.addressof(self._buf)

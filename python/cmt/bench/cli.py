@@ -5,17 +5,22 @@ from __future__ import annotations
 import datetime as dt
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .. import config as cfg
 from .. import cuda, native
 from ..errors import CmtError
-from . import copy_sweep, fingerprint, report, workload_runner, workloads
+from . import DIRECTIONS, MODES, workloads
 from .sizes import format_size, parse_names, parse_sizes
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
+
+# numpy, rich and matplotlib are imported inside the commands: `cmt run` loads this module too
+# and must start fast.
 
 DEFAULT_SIZES = "4K,64K,256K,1M,4M,16M,64M,256M,1G"
 QUICK_SIZES = "4K,1M,16M,256M"
@@ -40,13 +45,17 @@ def _out_option(kind: str):
                         help=f"Folder for {kind}.json and {kind}.png [default: ./cmt-bench-DATE].")
 
 
+_QUICK_HELP = {"copy": "A one-minute smoke run: fewer sizes and repeats.",
+               "workloads": "A one-minute smoke run: smaller data, and without --only a few workloads."}
+
+
 def _common_options(kind: str):
     def wrap(f):
         for opt in reversed([
             _out_option(kind),
             click.option("--json", "as_json", is_flag=True, help="Print the JSON result on stdout instead of tables."),
             click.option("--no-plot", is_flag=True, help="Do not write the PNG plot."),
-            click.option("--quick", is_flag=True, help="A one-minute smoke run: fewer sizes and repeats."),
+            click.option("--quick", is_flag=True, help=_QUICK_HELP[kind]),
             click.option("--config", "config_path", metavar="FILE", help="Tuned file for cmt (else CMT_CONFIG, "
                          "else the built-in defaults)."),
             click.option("--device", default=0, show_default=True, type=click.IntRange(min=0), help="GPU ordinal."),
@@ -57,6 +66,8 @@ def _common_options(kind: str):
 
 
 def _out_path(out_dir: str | None) -> Path:
+    from . import report
+
     return report.prepare_out_dir(out_dir or f"cmt-bench-{dt.datetime.now():%Y%m%d-%H%M%S}")
 
 
@@ -76,11 +87,17 @@ def _open_gpu(device: int) -> tuple[cuda.Driver, cuda.Device]:
 
 
 def _progress(console: Console) -> Progress:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     console=console, transient=True)
 
 
 def _finish(doc: dict[str, Any], out: Path, kind: str, as_json: bool, no_plot: bool, tables: list) -> list[Path]:
+    from rich.console import Console
+
+    from . import report
+
     written = [report.write_json(doc, out / f"{kind}.json")]
     if not no_plot:
         plot = report.plot_copy if kind == "copy" else report.plot_workloads
@@ -98,19 +115,23 @@ def _finish(doc: dict[str, Any], out: Path, kind: str, as_json: bool, no_plot: b
 @bench.command("copy")
 @click.option("--sizes", metavar="LIST", help=f"Copy sizes: a list (4K,1M,64M) or a power-of-two range (4K:1G) "
               f"[default: {DEFAULT_SIZES}; with --quick {QUICK_SIZES}].")
-@click.option("--directions", default=",".join(copy_sweep.DIRECTIONS), show_default=True, metavar="LIST",
+@click.option("--directions", default=",".join(DIRECTIONS), show_default=True, metavar="LIST",
               help="Any of h2d, d2h, d2h-fresh (device to never-touched host memory).")
-@click.option("--modes", default=",".join(copy_sweep.MODES), show_default=True, metavar="LIST",
+@click.option("--modes", default=",".join(MODES), show_default=True, metavar="LIST",
               help="Any of pageable (the driver's default), pinned (the link's limit), cmt, cpu (memcpy by threads).")
 @click.option("--repeats", type=click.IntRange(min=1), help="Timed repeats per measurement [default: by size].")
 @click.option("--warmup", type=click.IntRange(min=0), help="Untimed copies first [default: 2; with --quick 1].")
 @_common_options("copy")
 def copy_cmd(sizes, directions, modes, repeats, warmup, out_dir, as_json, no_plot, quick, config_path, device):
     """Copy bandwidth by size: default pageable copy, pinned, cmt's engine and CPU memcpy."""
+    from rich.console import Console
+
+    from . import copy_sweep, fingerprint, report
+
     cuda.require_real_driver("cmt bench")
     plan = copy_sweep.SweepPlan(parse_sizes(sizes or (QUICK_SIZES if quick else DEFAULT_SIZES)),
-                                parse_names(directions, copy_sweep.DIRECTIONS, "direction"),
-                                parse_names(modes, copy_sweep.MODES, "mode"),
+                                parse_names(directions, DIRECTIONS, "direction"),
+                                parse_names(modes, MODES, "mode"),
                                 copy_sweep.cpu_thread_counts(fingerprint.usable_cpus()))
     reps = copy_sweep.QUICK if quick else copy_sweep.FULL
     reps = copy_sweep.Repetitions(warmup if warmup is not None else reps.warmup, reps.least, reps.most,
@@ -138,6 +159,8 @@ def copy_cmd(sizes, directions, modes, repeats, warmup, out_dir, as_json, no_plo
 
 def _visible_device_env(device: int) -> dict[str, str]:
     """Runs the workloads on GPU `device` (counted among the GPUs this process sees)."""
+    from . import workload_runner
+
     env = workload_runner.plain_env()
     visible = [v for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
     if visible and device >= len(visible):
@@ -147,18 +170,22 @@ def _visible_device_env(device: int) -> dict[str, str]:
 
 
 @bench.command("workloads")
-@click.option("--list", "list_only", is_flag=True, help="List the workloads and exit.")
+@click.option("--list", "list_only", is_flag=True, help="List the workloads (with --quick: the smoke selection).")
 @click.option("--only", metavar="LIST", help="Run only these workloads (comma-separated names).")
 @click.option("--timeout", "timeout_s", default=300, show_default=True, type=click.IntRange(min=1),
               help="Seconds allowed to each run of a workload.")
 @_common_options("workloads")
 def workloads_cmd(list_only, only, timeout_s, out_dir, as_json, no_plot, quick, config_path, device):
     """Real programs run twice, plainly and under `cmt run`: end-to-end and inner speed-ups."""
-    chosen = workloads.select(only)
+    chosen = workloads.select(only, quick)
     if list_only:
         for w in chosen:
             click.echo(f"{w.name:20} {w.description}")
         return
+    from rich.console import Console
+
+    from . import fingerprint, report, workload_runner
+
     cuda.require_real_driver("cmt bench workloads")
     selection = cfg.select(config_path)
     out = _out_path(out_dir)

@@ -26,10 +26,9 @@ import numpy as np
 
 from .. import cuda, native
 from ..errors import CmtError
+from . import COPY_MODES, DIRECTIONS, MODES
 
-DIRECTIONS = ("h2d", "d2h", "d2h-fresh")
-COPY_MODES = ("pageable", "pinned", "cmt")
-MODES = (*COPY_MODES, "cpu")
+__all__ = ["COPY_MODES", "DIRECTIONS", "MODES", "CopyBench", "EngineSettings", "Result", "measure", "measure_cpu"]
 GB = 1e9
 
 

@@ -183,9 +183,11 @@ def _speedup(x: float | None) -> str:
 
 
 def workloads_table(doc: dict[str, Any]) -> Table:
-    t = Table(title="workloads: plain vs under `cmt run` (seconds; speed-up = plain / cmt)", title_justify="left")
-    for col in ("workload", "end to end", "cmt", "speed-up", "inner", "cmt", "speed-up", "note"):
-        t.add_column(col, justify="left" if col in ("workload", "note") else "right")
+    t = Table(title="workloads, plain and under `cmt run` (speed-up = plain time / cmt time)", title_justify="left")
+    t.add_column("workload", no_wrap=True)
+    for col in ("plain s", "cmt s", "speed-up", "inner plain s", "inner cmt s", "inner speed-up"):
+        t.add_column(col, justify="right", min_width=6)  # numbers never wrap; headers may
+    t.add_column("note", no_wrap=True, overflow="ellipsis", max_width=32)
     for w in doc["workloads"]:
         plain, cmt = w.get("plain") or {}, w.get("cmt") or {}
         note = w.get("skip") or w.get("error") or w.get("inner_label", "")

@@ -1,6 +1,7 @@
-"""Runs workload scripts as subprocesses: once to prepare (untimed), then plainly and under `cmt run`.
+"""Runs workload scripts as subprocesses: plainly, then under `cmt run`.
 
-The preparation run also loads the framework once, so neither timed run pays for a cold file cache.
+A workload that writes input files is first run once to prepare them (untimed); so is the suite's
+first workload, which loads the framework once so that no timed run pays for a cold file cache.
 """
 
 from __future__ import annotations
@@ -99,14 +100,18 @@ def _speedup(plain: float | None, cmt: float | None) -> float | None:
 
 
 def run_workload(w: Workload, opts: SuiteOptions, work_dir: Path,
-                 on_phase: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Prepare, plain run, cmt run; the workload's entry for the result file."""
+                 on_phase: Callable[[str], None] | None = None, prepare: bool | None = None) -> dict[str, Any]:
+    """Prepare (if `prepare`, by default the workload's own flag), plain run, cmt run: the
+    workload's entry for the result file."""
     script = [sys.executable, str(w.path), "--work-dir", str(work_dir), *(["--quick"] if opts.quick else [])]
     config = ["--config", opts.config_path] if opts.config_path else []
     under_cmt = [sys.executable, "-m", "cmt", "run", *config, "--", *script]
     entry: dict[str, Any] = {"name": w.name, "description": w.description}
     runs: dict[str, ScriptRun] = {}
-    for phase, argv in (("prepare", [*script, "--prepare"]), ("plain", script), ("cmt", under_cmt)):
+    phases = [("plain", script), ("cmt", under_cmt)]
+    if w.prepare if prepare is None else prepare:
+        phases.insert(0, ("prepare", [*script, "--prepare"]))
+    for phase, argv in phases:
         if on_phase:
             on_phase(phase)
         run = runs[phase] = run_script(argv, opts.env, opts.timeout_s)
@@ -117,7 +122,7 @@ def run_workload(w: Workload, opts: SuiteOptions, work_dir: Path,
             break
     else:
         entry["status"] = "ok"
-    for phase in ("plain", "cmt"):
+    for phase in ("plain", "cmt") if entry["status"] != "skip" else ():
         if phase in runs:
             entry[phase] = runs[phase].to_json()
     if entry["status"] == "ok":
@@ -134,10 +139,11 @@ def run_suite(workloads: Sequence[Workload], opts: SuiteOptions,
               on_done: Callable[[Workload, dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="cmt-bench-workloads-", dir=opts.work_dir) as tmp:
         entries = []
-        for w in workloads:
+        for i, w in enumerate(workloads):
             scratch = Path(tmp) / w.name
             scratch.mkdir()
-            entry = run_workload(w, opts, scratch, (lambda phase, w=w: on_phase(w, phase)) if on_phase else None)
+            entry = run_workload(w, opts, scratch, (lambda phase, w=w: on_phase(w, phase)) if on_phase else None,
+                                 prepare=w.prepare or i == 0)
             entries.append(entry)
             if on_done:
                 on_done(w, entry)

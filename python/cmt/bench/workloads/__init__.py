@@ -2,7 +2,9 @@
 
 Each workload is one script in this folder, run as its own process twice: plainly and under
 `cmt run`. A script takes `--quick`, `--work-dir DIR` (scratch space shared by its runs) and
-`--prepare` (check the framework, create input files; untimed), and prints one JSON line last:
+`--prepare` (check the framework, create input files; untimed, run first when `prepare` is set and
+for the suite's first workload, which warms the file cache for the imports), and prints one JSON
+line last:
 `{"inner_s": ..., "bytes": ..., "inner_label": ...}`, or `{"skip": "one-line reason"}` (exit 0)
 when its framework, a GPU or enough memory is missing. `_common.py` has the helpers.
 """
@@ -22,6 +24,8 @@ class Workload:
     name: str
     script: str
     description: str
+    prepare: bool = False  # writes input files both timed runs read
+    smoke: bool = False  # in the --quick selection (each run costs seconds of interpreter and imports)
 
     @property
     def path(self) -> Path:
@@ -29,12 +33,14 @@ class Workload:
 
 
 WORKLOADS: tuple[Workload, ...] = (
-    Workload("torch-tensor", "torch_tensor.py", "PyTorch .to('cuda') and .cpu() of a 1 GiB tensor"),
+    Workload("torch-tensor", "torch_tensor.py", "PyTorch .to('cuda') and .cpu() of a 1 GiB tensor", smoke=True),
     Workload("seed-torch", "seed_torch.py", "np.zeros((1024, 3, 224, 224)) to CUDA through torch and back"),
-    Workload("seed-jax", "seed_jax.py", "np.zeros((1024, 3, 224, 224)) through jax.device_put and np.asarray"),
-    Workload("cupy", "cupy_roundtrip.py", "CuPy asarray and get of a 1 GiB array"),
-    Workload("hf-load", "hf_load.py", "transformers from_pretrained(device_map='cuda') of a local safetensors model"),
-    Workload("torch-save-load", "torch_save_load.py", "torch.save of a GPU state dict, torch.load to CUDA"),
+    Workload("seed-jax", "seed_jax.py", "np.zeros((1024, 3, 224, 224)) through jax.device_put and np.asarray",
+             smoke=True),
+    Workload("cupy", "cupy_roundtrip.py", "CuPy asarray and get of a 1 GiB array", smoke=True),
+    Workload("hf-load", "hf_load.py", "transformers from_pretrained(device_map='cuda') of a local safetensors model",
+             prepare=True),
+    Workload("torch-save-load", "torch_save_load.py", "torch.save of a GPU state dict, torch.load to CUDA", smoke=True),
     Workload("dcp-async-save", "dcp_async_save.py", "torch.distributed.checkpoint async_save of a GPU model"),
     Workload("activation-offload", "activation_offload.py", "training steps with save_on_cpu activation offload"),
     Workload("dataloader", "dataloader.py", "a DataLoader feeding pageable batches to the GPU"),
@@ -45,10 +51,11 @@ def names() -> list[str]:
     return [w.name for w in WORKLOADS]
 
 
-def select(only: str | None) -> list[Workload]:
-    """All workloads, or those named in a comma-separated list (in the suite's order)."""
+def select(only: str | None, quick: bool = False) -> list[Workload]:
+    """Those named in a comma-separated list (in the suite's order); else all, or with `quick` the
+    smoke selection."""
     if only is None:
-        return list(WORKLOADS)
+        return [w for w in WORKLOADS if w.smoke or not quick]
     wanted = [n.strip() for n in only.split(",") if n.strip()]
     if not wanted:
         raise CmtError(f"--only names no workload (choose from {', '.join(names())})")

@@ -45,7 +45,8 @@ def require(module: str, package: str | None = None):
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        skip(f"{package or module} is not installed ({e.msg})")
+        missing = f" ({e.msg})" if e.name != module else ""  # a broken install, not an absent one
+        skip(f"{package or module} is not installed{missing}")
 
 
 def torch_cuda():

@@ -21,8 +21,10 @@ require("safetensors")
 layers = 4 if args.quick else 16
 # About 63M parameters per layer plus 131M of embeddings: 1.1 B parameters (2.3 GB in bf16) in full.
 config = transformers.LlamaConfig(hidden_size=2048, intermediate_size=8192, num_hidden_layers=layers,
-                                  num_attention_heads=16, num_key_value_heads=8, vocab_size=32000,
-                                  torch_dtype="bfloat16")
+                                  num_attention_heads=16, num_key_value_heads=8, vocab_size=32000)
+# transformers 4.56 renamed torch_dtype to dtype; the old name still works but warns.
+DTYPE = {"dtype" if tuple(int(x) for x in transformers.__version__.split(".")[:2]) >= (4, 56) else "torch_dtype":
+         torch.bfloat16}
 model_dir = args.work_dir / f"hf-llama-{layers}l"
 
 
@@ -31,7 +33,7 @@ def make_model() -> None:
     from safetensors.torch import save_file
 
     with torch.device("meta"):
-        meta = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
+        meta = transformers.AutoModelForCausalLM.from_config(config, **DTYPE)
     tensors = {name: torch.empty(t.shape, dtype=t.dtype).uniform_(-0.02, 0.02) for name, t in meta.state_dict().items()}
     model_dir.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(model_dir)
@@ -48,8 +50,7 @@ if args.prepare:
 torch.cuda.init()
 try:
     with Timer() as load:
-        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, device_map="cuda",
-                                                                  torch_dtype=torch.bfloat16)
+        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, device_map="cuda", **DTYPE)
         torch.cuda.synchronize()
 except (ImportError, ValueError) as e:
     if "accelerate" in str(e):

@@ -1,0 +1,41 @@
+"""Compares engine variants on a GPU machine, each in its own process under `cmt run`: streaming
+vs plain memcpy (CMT_COPY) and the destination pre-fault strategy (CMT_PREFAULT), using the
+acceptance measurements of core_acceptance.py.
+
+    python benchmarks/explore_variants.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+KEYS = ("h2d_pageable_64MiB", "d2h_pageable_64MiB", "h2d_pageable_1GiB", "d2h_pageable_1GiB", "d2h_fresh_64MiB",
+        "d2h_fresh_1GiB", "torch_cpu_1GiB", "torch_to_cuda_1GiB")
+VARIANTS = [{}, {"CMT_PREFAULT": "huge"}, {"CMT_COPY": "stream"}, {"CMT_PIECE": str(128 << 10)}]
+
+
+def main() -> None:
+    out = {}
+    print("variant".ljust(28) + "".join(k.replace("_pageable", "").ljust(20) for k in KEYS))
+    for extra in VARIANTS:
+        env = {**os.environ, **extra}
+        proc = subprocess.run([sys.executable, "-m", "cmt", "run", "--", sys.executable,
+                               str(HERE / "core_acceptance.py"), "--inner"], capture_output=True, text=True, env=env)
+        name = ",".join(f"{k}={v}" for k, v in extra.items()) or "default"
+        if proc.returncode:
+            print(name, "FAILED", proc.stderr[-2000:])
+            continue
+        res = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
+        out[name] = res
+        print(name.ljust(28) + "".join(f"{res[k]['gbps']:<20.1f}" for k in KEYS), flush=True)
+    if len(sys.argv) > 1:
+        Path(sys.argv[1]).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

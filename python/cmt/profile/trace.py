@@ -1,0 +1,85 @@
+"""The copies as a Chrome / Perfetto trace (JSON trace-event format, open at ui.perfetto.dev or
+chrome://tracing): per process, one track per calling thread and one per stream, each copy a
+complete ("X") event on both; "M" metadata events name the tracks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..errors import CmtError
+from .recording import Recording
+from .report import fmt_bytes
+
+_STREAM_TID_BASE = 1 << 30  # stream tracks get tids above any real thread id
+_LEGACY, _PER_THREAD = 0x1, 0x2  # CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
+
+
+def _stream_key(stream: int, entry: str, tid: int) -> tuple[str, str]:
+    """Identity and name of the stream a copy ran on; stream 0 depends on the entry point."""
+    per_thread_default = entry.endswith(("_ptds", "_ptsz"))
+    if stream == _PER_THREAD or (stream == 0 and per_thread_default):
+        return f"ptds-{tid}", f"per-thread default stream (thread {tid})"
+    if stream in (0, _LEGACY):
+        return "legacy", "legacy default stream"
+    return f"{stream:#x}", f"stream {stream:#x}"
+
+
+def _meta(kind: str, pid: int, tid: int, args: dict[str, Any]) -> dict[str, Any]:
+    return {"name": kind, "ph": "M", "pid": pid, "tid": tid, "args": args}
+
+
+def build(rec: Recording) -> dict[str, Any]:
+    c = rec.copies()
+    t0 = min((p.monotonic_ns for p in rec.processes), default=0)
+    if len(c):
+        t0 = min(t0, int(c.start_ns.min()))
+    events: list[dict[str, Any]] = []
+    for p in rec.processes:
+        name = " ".join(p.argv[:2]) or "process"
+        events.append(_meta("process_name", p.pid, 0, {"name": f"{name} (pid {p.pid})"}))
+    threads: set[tuple[int, int]] = set()
+    lanes: dict[tuple[int, str], list[int]] = {}  # stream -> end time of each lane (no overlaps in a lane)
+    lane_tid: dict[tuple[int, str, int], int] = {}
+    order = c.start_ns.argsort(kind="stable")
+    for i in order:
+        pid, tid, start, end = int(c.pid[i]), int(c.tid[i]), int(c.start_ns[i]), int(c.end_ns[i])
+        nbytes, stream, entry = int(c.bytes[i]), int(c.stream[i]), str(c.entry[i])
+        secs = (end - start) / 1e9
+        event = {
+            "name": f"{c.direction[i]} {fmt_bytes(nbytes)}", "cat": f"{c.direction[i]},{c.host_kind[i]}",
+            "ph": "X", "ts": (start - t0) / 1e3, "dur": (end - start) / 1e3, "pid": pid, "tid": tid,
+            "args": {"bytes": nbytes, "host_kind": str(c.host_kind[i]), "outcome": str(c.outcome[i]),
+                     "entry": entry, "stream": f"{stream:#x}", "result": int(c.result[i]),
+                     "gbps": round(nbytes / secs / 1e9, 3) if secs > 0 else None},
+        }
+        events.append(event)
+        if (pid, tid) not in threads:
+            threads.add((pid, tid))
+            label = "main thread" if tid == pid else f"thread {tid}"
+            events.append(_meta("thread_name", pid, tid, {"name": label}))
+            events.append(_meta("thread_sort_index", pid, tid, {"sort_index": 0 if tid == pid else 1}))
+        key, stream_name = _stream_key(stream, entry, tid)
+        ends = lanes.setdefault((pid, key), [])
+        lane = next((j for j, e in enumerate(ends) if e <= start), len(ends))
+        if lane == len(ends):
+            ends.append(end)
+            stid = _STREAM_TID_BASE + len(lane_tid)
+            lane_tid[(pid, key, lane)] = stid
+            suffix = f" ({lane + 1})" if lane else ""
+            events.append(_meta("thread_name", pid, stid, {"name": f"{stream_name}{suffix}"}))
+            events.append(_meta("thread_sort_index", pid, stid, {"sort_index": 1000 + len(lane_tid)}))
+        ends[lane] = end
+        events.append({**event, "tid": lane_tid[(pid, key, lane)]})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"producer": f"cmt {__version__} profile", "command": rec.manifest.get("command")}}
+
+
+def write_trace(rec: Recording, path: Path) -> None:
+    try:
+        with open(path, "w") as f:
+            json.dump(build(rec), f, separators=(",", ":"))
+    except OSError as e:
+        raise CmtError(f"cannot write trace {path}: {e.strerror or e}") from None

@@ -1,0 +1,215 @@
+"""`cmt bench copy`: measurement helpers, the result file, the plot, and a sweep against the stand-in
+driver (host memory plays device memory, so the figures mean nothing; the plumbing does)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cmt.bench import copy_sweep, fingerprint, report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def bench_cmd(run_python, *args: str, env=None) -> subprocess.CompletedProcess:
+    return run_python("import sys; from cmt.cli import main; sys.argv[0] = 'cmt'; main()",
+                      args=("bench", *args), env=env)
+
+
+# -- pure helpers ---------------------------------------------------------------------------------
+def test_repeats_fall_with_size_within_bounds():
+    reps = copy_sweep.Repetitions(warmup=1, least=3, most=50, target_bytes=64 << 20)
+    assert reps.repeats(4096) == 50
+    assert reps.repeats(16 << 20) == 4
+    assert reps.repeats(1 << 30) == 3
+    assert copy_sweep.Repetitions(fixed=7).repeats(4096) == 7
+
+
+def test_cpu_thread_counts_double_up_to_the_cores():
+    assert copy_sweep.cpu_thread_counts(1) == [1]
+    assert copy_sweep.cpu_thread_counts(16) == [1, 2, 4, 8, 16]
+    assert copy_sweep.cpu_thread_counts(12) == [1, 2, 4, 8, 12]
+
+
+def test_tasks_cover_every_mode_and_skip_pinned_fresh():
+    plan = copy_sweep.SweepPlan([4096, 1 << 20], list(copy_sweep.DIRECTIONS), list(copy_sweep.MODES), [1, 2])
+    tasks = plan.tasks()
+    assert len(tasks) == 2 * (3 + 3 + 2 + 2)
+    assert not [t for t in tasks if t.mode == "pinned" and t.direction == "d2h-fresh"]
+    assert {t.threads for t in tasks if t.mode == "cpu"} == {1, 2}
+
+
+def test_random_pattern_blocks_differ():
+    data = copy_sweep.random_pattern((16 << 20) + 5)
+    assert len(data) == (16 << 20) + 5
+    half = 8 << 20
+    assert not np.array_equal(data[:half], data[half:2 * half])
+    assert np.array_equal(data[:4096], copy_sweep.random_pattern(4096))  # same seed, same bytes
+
+
+def test_result_median_and_spread():
+    r = copy_sweep.Result("pinned", "h2d", 10**9, [1.0, 0.5, 0.25], warmup=1, verified=True)
+    assert r.median_gbps == pytest.approx(2.0)
+    q = r.gbps_quantiles()
+    assert (q["min"], q["max"]) == (pytest.approx(1.0), pytest.approx(4.0))
+    doc = r.to_json()
+    assert doc["repeats"] == 3 and doc["verified"] is True and doc["min_gbps"] <= doc["median_gbps"] <= doc["max_gbps"]
+
+
+def test_hardware_id_ignores_dates_and_versions():
+    fp = {"gpu": "NVIDIA H200", "pcie_gen": 5, "pcie_width": 16, "cpu_model": "Xeon", "cpu_cores": 16,
+          "numa_nodes": 1, "date": "2026-01-01", "driver_version": "580"}
+    later = {**fp, "date": "2027-01-01", "driver_version": "590", "cmt_version": "9"}
+    assert fingerprint.hardware_id(fp) == fingerprint.hardware_id(later)
+    assert re.fullmatch(r"[0-9a-f]{12}", fingerprint.hardware_id(fp))
+    assert fingerprint.hardware_id({**fp, "pcie_width": 8}) != fingerprint.hardware_id(fp)
+    assert fingerprint.slug(fp).startswith("nvidia-h200-pcie5x16-")
+
+
+def _synthetic_doc() -> dict:
+    sizes = [4096, 1 << 20, 64 << 20]
+    results = []
+    for n in sizes:
+        for d, modes in (("h2d", ("pageable", "pinned", "cmt")), ("d2h", ("pageable", "pinned", "cmt")),
+                         ("d2h-fresh", ("pageable", "cmt"))):
+            for i, m in enumerate(modes):
+                results.append(copy_sweep.Result(m, d, n, [n / (1 + i) / 1e9] * 3, 1, verified=True,
+                                                 outcome="accelerated" if m == "cmt" else None).to_json())
+        for t in (1, 2):
+            results.append(copy_sweep.Result("cpu", "h2h", n, [n / t / 1e9], 1, threads=t).to_json())
+    plan = copy_sweep.SweepPlan(sizes, list(copy_sweep.DIRECTIONS), list(copy_sweep.MODES), [1, 2])
+    machine = {"gpu": "Test GPU", "pcie_gen": 5, "pcie_width": 16, "cpu_cores": 2, "date": "2026-12-02T00:00:00"}
+    return copy_sweep.document([], machine, {"plan": ""}, plan, copy_sweep.FULL, False) | {"results": results}
+
+
+def test_plot_and_tables_from_a_document(tmp_path: Path):
+    doc = _synthetic_doc()
+    png = report.plot_copy(doc, tmp_path / "copy.png")
+    assert png.read_bytes().startswith(PNG_MAGIC)
+    tables = report.copy_tables(doc)
+    assert [t.title.split(":")[0] for t in tables] == [
+        "host to device", "device to host", "device to host, into fresh memory", "CPU memcpy (pageable)"]
+
+
+# -- the sweep against the stand-in driver ----------------------------------------------------------
+def _load(out: Path) -> dict:
+    return json.loads((out / "copy.json").read_text())
+
+
+def test_quick_sweep_writes_verified_results_json_and_plot(run_python, tmp_path: Path):
+    out = tmp_path / "out"
+    proc = bench_cmd(run_python, "copy", "--sizes", "4K,1M", "--quick", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    doc = _load(out)
+    assert (doc["format"], doc["version"]) == ("cmt-bench-copy", 1)
+    m = doc["machine"]
+    for key in ("gpu", "pcie_gen", "pcie_width", "cpu_model", "cpu_cores", "numa_nodes", "driver_version",
+                "driver_cuda_version", "cmt_version", "date", "hardware_id"):
+        assert key in m
+    assert m["gpu"] == "Fake CUDA Device" and m["driver_cuda_version"] == "13.0"
+    assert doc["cmt"]["plan"] and doc["cmt"]["version"]
+    assert doc["settings"]["sizes"] == [4096, 1 << 20]
+    results = doc["results"]
+    seen = {(r["mode"], r["direction"], r["bytes"]) for r in results}
+    for n in (4096, 1 << 20):
+        for d in ("h2d", "d2h"):
+            assert {("pageable", d, n), ("pinned", d, n), ("cmt", d, n)} <= seen
+        assert {("pageable", "d2h-fresh", n), ("cmt", "d2h-fresh", n)} <= seen
+        assert {r["threads"] for r in results if r["mode"] == "cpu" and r["bytes"] == n} == set(
+            doc["settings"]["cpu_threads"])
+    for r in results:
+        assert r["verified"] is True
+        assert 0 < r["min_gbps"] <= r["median_gbps"] <= r["max_gbps"]
+        assert r["repeats"] >= 3
+    assert all(r["outcome"] for r in results if r["mode"] == "cmt")
+    assert (out / "copy.png").read_bytes().startswith(PNG_MAGIC)
+    assert "host to device" in proc.stdout
+
+
+def test_json_flag_prints_the_document_and_no_plot_skips_the_png(run_python, tmp_path: Path):
+    out = tmp_path / "o"
+    proc = bench_cmd(run_python, "--sizes", "64K", "--directions", "h2d", "--modes", "pageable,cmt",
+                     "--repeats", "2", "--warmup", "0", "--json", "--no-plot", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == _load(out)
+    assert not (out / "copy.png").exists()
+    assert {(r["mode"], r["direction"]) for r in _load(out)["results"]} == {("pageable", "h2d"), ("cmt", "h2d")}
+    assert all(r["repeats"] == 2 and r["warmup"] == 0 for r in _load(out)["results"])
+
+
+def test_tuned_file_drives_the_cmt_mode(run_python, tmp_path: Path):
+    tuned = tmp_path / "tuned.json"
+    tuned.write_text(json.dumps({"format": "cmt-tuned-config", "version": 1,
+                                 "h2d": [{"min_bytes": 0, "threads": 2, "buffers": 4, "chunk_bytes": 65536}],
+                                 "d2h": [{"min_bytes": 0, "mode": "pass"}]}))
+    out = tmp_path / "o"
+    proc = bench_cmd(run_python, "copy", "--sizes", "256K", "--directions", "h2d,d2h", "--modes", "cmt",
+                     "--quick", "--no-plot", "--config", str(tuned), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    doc = _load(out)
+    assert doc["cmt"]["config"] == str(tuned)
+    assert doc["cmt"]["plan"].startswith("h2d:0=2,4,65536")
+    outcome = {r["direction"]: r["outcome"] for r in doc["results"]}
+    assert outcome == {"h2d": "accelerated", "d2h": "below_minimum"}
+
+
+def test_engine_measurement_with_explicit_settings(run_python):
+    """What `cmt tune` calls: measure() with EngineSettings on an open device."""
+    code = """
+import json
+from cmt import cuda
+from cmt.bench import copy_sweep
+drv = cuda.load()
+dev = drv.open_device(0)
+with copy_sweep.CopyBench(drv, dev, 1 << 20) as b:
+    r = copy_sweep.measure(b, "cmt", "d2h", 1 << 20, repeats=3, warmup=1,
+                           settings=copy_sweep.EngineSettings(2, 4, 128 << 10))
+print(json.dumps(r.to_json()))
+"""
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["outcome"] == "accelerated" and r["verified"] and r["repeats"] == 3
+    assert r["settings"] == {"threads": 2, "buffers": 4, "chunk_bytes": 128 << 10}
+
+
+# -- bad input and missing hardware ----------------------------------------------------------------
+@pytest.mark.parametrize("env, message", [
+    ({"FAKE_CUDA_DEVICES": "0"}, "no NVIDIA GPU / driver found"),
+])
+def test_no_gpu_is_a_clear_error(run_python, tmp_path: Path, env, message):
+    proc = bench_cmd(run_python, "copy", "--quick", "--out", str(tmp_path / "o"), env=env)
+    assert proc.returncode == 1
+    assert f"cmt: {message}" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_missing_gpu_ordinal(run_python, tmp_path: Path):
+    proc = bench_cmd(run_python, "copy", "--quick", "--device", "3", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2
+    assert "cmt: GPU 3 does not exist: 1 GPU found" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_refuses_to_run_under_cmt_run(run_python, tmp_path: Path):
+    from cmt import native
+
+    proc = bench_cmd(run_python, "copy", "--quick", "--out", str(tmp_path / "o"),
+                     env={"LD_PRELOAD": str(native.library_path())})
+    assert proc.returncode == 2
+    assert "must not run under `cmt run`" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.gpu
+def test_real_gpu_quick_sweep(tmp_path: Path):
+    proc = subprocess.run([sys.executable, "-m", "cmt", "bench", "copy", "--quick", "--sizes", "1M,64M",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    doc = _load(tmp_path)
+    assert all(r["verified"] for r in doc["results"])
+    pinned = [r for r in doc["results"] if r["mode"] == "pinned" and r["bytes"] == 64 << 20]
+    assert all(r["median_gbps"] > 1 for r in pinned)
