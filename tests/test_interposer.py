@@ -103,6 +103,8 @@ def test_bytes_exact_large(server, size):
 
 @pytest.mark.parametrize("size", [5 * MIB + 123, 40 * MIB])
 def test_device_to_host_into_never_touched_memory(server, size):
+    # The destination starts 3 bytes into a fresh mapping, and the server touches its first page
+    # (as malloc does with its chunk header): cmt must still see that the memory is fresh.
     r = server("roundtrip", size=size, dst_kind="fresh", h2d="cuMemcpyHtoD_v2", d2h="cuMemcpyDtoHAsync_v2",
                stream="blocking")
     assert r["device_ok"] and r["host_ok"]
@@ -226,6 +228,8 @@ def test_debug_log_explains_each_decision_once(fake_driver_dir):
     for _ in range(3):
         s("roundtrip", size=8 * MIB)
         s("roundtrip", size=1000)
+        s("roundtrip", size=8 * MIB, dst_kind="fresh")
     err = s.close()
+    assert err.count("d2h into memory not faulted in yet") == 1, err
     assert err.count("h2d copy of 8388608 bytes: accelerated") == 1, err
     assert err.count("below_minimum") == 2, err  # once per direction

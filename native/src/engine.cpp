@@ -445,9 +445,14 @@ CUresult Engine::copy(const CopyRequest& req) {
     slots_[s].pending.store(j.pieces_in(s), std::memory_order_relaxed);
   }
   j.fault_next.store(0, std::memory_order_relaxed);
-  j.prefault = req.dir == Direction::DtoH && prefault_mode() != Prefault::None && !page_resident(req.host) &&
+  // Fresh memory? Probe the middle of the range: malloc writes its chunk header into the first
+  // page of a new mapping, so the first page says nothing (PyTorch's .cpu() output is such memory).
+  j.prefault = req.dir == Direction::DtoH && prefault_mode() != Prefault::None &&
                !page_resident(req.host + req.bytes / 2);
-  if (j.prefault && prefault_mode() == Prefault::HugePopulate) advise_huge_pages(req.host, req.bytes);
+  if (j.prefault) {
+    log::debug_once(4000, "d2h into memory not faulted in yet: the lanes fault it in ahead of the copy");
+    if (prefault_mode() == Prefault::HugePopulate) advise_huge_pages(req.host, req.bytes);
+  }
   if (req.dir == Direction::DtoH) {
     // The first round of DMAs goes out before any lane starts; lanes queue the rest.
     for (int s = 0; s < slots; ++s) {

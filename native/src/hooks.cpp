@@ -6,6 +6,7 @@
 //     of the intercepted functions is swapped for the wrapper of that same variant.
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -196,6 +197,16 @@ CMT_EXPORT void* dlsym(void* handle, const char* name) { return cmt_dlsym_dispat
 }  // extern "C"
 
 // ---- process lifecycle ----------------------------------------------------------------------
+
+// _exit skips atexit handlers, so `cmt profile` would lose a process's last records (Python's
+// os._exit in multiprocessing workers). Flush them, then end the process as _exit does.
+extern "C" CMT_EXPORT __attribute__((noreturn)) void _exit(int status) {
+  flush_before_exit();
+  syscall(SYS_exit_group, status);
+  __builtin_unreachable();
+}
+
+extern "C" CMT_EXPORT __attribute__((noreturn)) void _Exit(int status) { _exit(status); }
 
 namespace {
 

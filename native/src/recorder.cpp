@@ -486,6 +486,14 @@ uint64_t now_ns() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
+void flush_before_exit() {
+  // _exit() may be called anywhere, a signal handler included: only flush if no flush is under
+  // way (never wait for the lock), and free nothing.
+  if (g_start.load(std::memory_order_acquire) != kRunning || pthread_mutex_trylock(&g_flush_mu) != 0) return;
+  flush_locked(false);
+  pthread_mutex_unlock(&g_flush_mu);
+}
+
 void record_copy(const CopyRecord& r) {
   ThreadSlot* s = t_slot;
   if (__builtin_expect(!s || t_gen != g_generation.load(std::memory_order_relaxed), 0)) {

@@ -23,5 +23,8 @@ static_assert(sizeof(CopyRecord) == 48, "on-disk record layout");
 bool recording();
 uint64_t now_ns();
 void record_copy(const CopyRecord& r);
+// Writes what was recorded before the process ends through _exit() (no atexit handlers run then,
+// e.g. multiprocessing's forked workers).
+void flush_before_exit();
 
 }  // namespace cmt

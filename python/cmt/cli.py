@@ -34,8 +34,7 @@ def main():
 def run(config_path, command):
     """Run COMMAND with cmt's copy acceleration: cmt run -- python train.py"""
     selection = cfg.select(config_path)
-    env = launcher.preload_env(selection)
-    sys.exit(launcher.run(command, env))
+    launcher.exec_command(command, launcher.preload_env(selection))
 
 
 def _register_optional_commands() -> None:

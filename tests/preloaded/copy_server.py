@@ -112,9 +112,10 @@ class HostBuffer:
         if kind == "pinned":
             self.addr = drv.host_alloc(max(n, 1))
             return
-        if kind == "fresh":  # never-touched pages: device-to-host must fault them in itself
+        if kind == "fresh":  # never-touched pages but the first, like a new malloc'ed block
             self._map = mmap.mmap(-1, max(n, 1))
             self.addr = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
+            ctypes.memset(self.addr, 0, 16)
             return
         self._buf = ctypes.create_string_buffer(max(n, 1))
         self.addr = ctypes.addressof(self._buf)
