@@ -58,11 +58,17 @@ def server(fake_driver_dir):
     s.close()
 
 
+# Ramped blocks (8K, 16K, 32K, then 64K, down to 8K at the end) of 4 KiB pieces over 3 threads.
+RAMPED_PLAN = "h2d:1=3,5,65536;d2h:1=3,5,65536"
+
+
 @pytest.fixture(scope="module")
-def eager_server(fake_driver_dir):
-    s = CopyServer(fake_driver_dir, CMT_PLAN=AGGRESSIVE_PLAN)
-    yield s
-    s.close()
+def eager_servers(fake_driver_dir):
+    servers = {"uniform": CopyServer(fake_driver_dir, CMT_PLAN=AGGRESSIVE_PLAN),
+               "ramped": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN, CMT_PIECE="4096")}
+    yield servers
+    for s in servers.values():
+        s.close()
 
 
 def outcome(reply: dict, direction: str) -> dict:
@@ -78,7 +84,7 @@ SIZES = st.one_of(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(size=SIZES, host_off=st.integers(0, 63), dev_off=st.integers(0, 63),
        pair=st.sampled_from([("cuMemcpyHtoD_v2", "cuMemcpyDtoH_v2"),
                              ("cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2"),
@@ -86,9 +92,9 @@ SIZES = st.one_of(
                              ("cuMemcpyHtoDAsync_v2_ptsz", "cuMemcpyDtoHAsync_v2_ptsz"),
                              ("cuMemcpy", "cuMemcpy"), ("cuMemcpyAsync_ptsz", "cuMemcpyAsync")]),
        stream=st.sampled_from(["null", "legacy", "per_thread", "blocking", "nonblocking"]),
-       seed=st.integers(0, 2**32))
-def test_bytes_exact_at_any_size_and_offset(eager_server, size, host_off, dev_off, pair, stream, seed):
-    r = eager_server("roundtrip", size=size, host_off=host_off, dev_off=dev_off, h2d=pair[0], d2h=pair[1],
+       seed=st.integers(0, 2**32), geometry=st.sampled_from(["uniform", "ramped"]))
+def test_bytes_exact_at_any_size_and_offset(eager_servers, size, host_off, dev_off, pair, stream, seed, geometry):
+    r = eager_servers[geometry]("roundtrip", size=size, host_off=host_off, dev_off=dev_off, h2d=pair[0], d2h=pair[1],
                      stream=stream, seed=seed)
     assert r["device_ok"] and r["host_ok"]
     assert outcome(r, "h2d") == {"accelerated": 1} and outcome(r, "d2h") == {"accelerated": 1}

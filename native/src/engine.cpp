@@ -123,23 +123,47 @@ struct Job {
   char* host = nullptr;
   CUdeviceptr device = 0;
   size_t bytes = 0;
-  size_t block = 0;        // bytes per DMA
   size_t piece = 0;        // bytes per unit of CPU work
   size_t blocks = 0;
-  size_t pieces_per_block = 0;
   size_t pieces = 0;
   int slots = 0;
+  // Block b covers bytes [block_off[b], block_off[b+1]) and pieces [piece_off[b], piece_off[b+1]).
+  std::vector<size_t> block_off, piece_off;
   std::atomic<size_t> next{0};
   std::atomic<size_t> fault_next{0};  // destination bytes below this are faulted in or being so
   bool prefault = false;              // device-to-host into memory not faulted in yet
   std::atomic<int> remaining{0};
   std::atomic<CUresult> error{CUDA_SUCCESS};
 
-  size_t block_len(size_t b) const { return std::min(block, bytes - b * block); }
-  int pieces_in(size_t b) const {
-    return static_cast<int>((block_len(b) + piece - 1) / piece);
+  size_t block_len(size_t b) const { return block_off[b + 1] - block_off[b]; }
+  int pieces_in(size_t b) const { return static_cast<int>(piece_off[b + 1] - piece_off[b]); }
+  size_t block_of(size_t p) const {
+    return static_cast<size_t>(std::upper_bound(piece_off.begin(), piece_off.end(), p) - piece_off.begin()) - 1;
   }
+  void cut(size_t chunk, bool ramp);
 };
+
+// Cuts the copy into DMA blocks of `chunk` bytes. With `ramp`, the first blocks grow from chunk/8
+// and the last ones shrink to it: the pipeline's fill (the first block must be copied before its
+// DMA starts) and drain (the last DMA runs alone) then cost an eighth as much, while most DMAs
+// stay large enough that the copy engine's per-command cost stays small.
+void Job::cut(size_t chunk, bool ramp) {
+  block_off.assign(1, 0);
+  size_t first = ramp ? std::max(chunk / 8, std::min(chunk, piece)) : chunk;
+  size_t rem = bytes;
+  auto take = [&](size_t n) {
+    n = std::min(n, rem);
+    block_off.push_back(block_off.back() + n);
+    rem -= n;
+  };
+  for (size_t s = first; s < chunk && rem; s *= 2) take(s);      // ramp up
+  while (rem > 2 * chunk - first) take(chunk);                      // full blocks
+  for (size_t s = chunk; rem; s = std::max(first, s / 2)) take(s);  // ramp down: chunk + chunk/2 + ... + first
+  blocks = block_off.size() - 1;
+  piece_off.assign(1, 0);
+  for (size_t b = 0; b < blocks; ++b) piece_off.push_back(piece_off.back() + (block_len(b) + piece - 1) / piece);
+  pieces = piece_off.back();
+}
 
 class Engine {
  public:
@@ -315,7 +339,7 @@ bool Engine::wait_done(Slot& s, long round) {
 CUresult Engine::queue_dma(size_t b) {
   int si = static_cast<int>(b % job_.slots);
   Slot& s = slots_[si];
-  CUdeviceptr dev = job_.device + b * job_.block;
+  CUdeviceptr dev = job_.device + job_.block_off[b];
   CUresult r = job_.dir == Direction::HtoD
                    ? d_.cuMemcpyHtoDAsync(dev, s.mem, job_.block_len(b), job_.res->stream)
                    : d_.cuMemcpyDtoHAsync(s.mem, dev, job_.block_len(b), job_.res->stream);
@@ -326,13 +350,13 @@ CUresult Engine::queue_dma(size_t b) {
 }
 
 bool Engine::process_htod(size_t p) {
-  size_t b = p / job_.pieces_per_block, i = p % job_.pieces_per_block;
+  size_t b = job_.block_of(p), i = p - job_.piece_off[b];
   long round = static_cast<long>(b / job_.slots);
   Slot& s = slots_[b % job_.slots];
   // The slot is free once the DMA of its previous round (or of an earlier copy) has read it.
   if (!wait_issued(s, round - 1) || !wait_done(s, round - 1)) return false;
   size_t off = i * job_.piece, len = std::min(job_.piece, job_.block_len(b) - off);
-  copy_stream(static_cast<char*>(s.mem) + off, job_.host + b * job_.block + off, len);
+  copy_stream(static_cast<char*>(s.mem) + off, job_.host + job_.block_off[b] + off, len);
   if (s.pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // this lane completed the block
     CUresult r = queue_dma(b);
     if (r != CUDA_SUCCESS) {
@@ -360,12 +384,12 @@ void Engine::fault_ahead(size_t upto) {
 }
 
 bool Engine::process_dtoh(size_t p) {
-  size_t b = p / job_.pieces_per_block, i = p % job_.pieces_per_block;
+  size_t b = job_.block_of(p), i = p - job_.piece_off[b];
   long round = static_cast<long>(b / job_.slots);
   Slot& s = slots_[b % job_.slots];
   size_t off = i * job_.piece, len = std::min(job_.piece, job_.block_len(b) - off);
-  char* dst = job_.host + b * job_.block + off;
-  if (job_.prefault) fault_ahead(b * job_.block + off + len + kFaultLookahead);
+  char* dst = job_.host + job_.block_off[b] + off;
+  if (job_.prefault) fault_ahead(job_.block_off[b] + off + len + kFaultLookahead);
   if (!wait_issued(s, round) || !wait_done(s, round)) return false;
   copy_stream(dst, static_cast<char*>(s.mem) + off, len);
   if (s.pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // slot drained: refill it
@@ -395,13 +419,12 @@ CUresult Engine::copy(const CopyRequest& req) {
   if (forked_.load(std::memory_order_relaxed) || !d_.ok) return CUDA_ERROR_NOT_READY;
   const Settings& st = req.settings;
   size_t block = std::clamp(st.chunk, kMinChunk, kMaxChunk);
-  size_t blocks = (req.bytes + block - 1) / block;
-  int slots = static_cast<int>(std::min<size_t>(std::clamp(st.buffers, 1, kMaxSlots), blocks));
   int threads = std::clamp(st.threads, 1, kMaxThreads);
   // Pieces: the block shared out over the lanes, at least 64 KiB so per-piece costs stay small.
   size_t piece = static_cast<size_t>(env_long("CMT_PIECE", 0));
   if (!piece) piece = std::max<size_t>(64 << 10, (block / threads + 4095) & ~size_t(4095));
   piece = std::min(piece, block);
+  static const bool ramp = env_long("CMT_RAMP", 1) != 0;
 
   std::lock_guard<std::mutex> lock(job_mutex_);
   // The calling thread works as lane 0; keep it out of other threads' global-mode captures too.
@@ -410,6 +433,11 @@ CUresult Engine::copy(const CopyRequest& req) {
   auto restore = [&] {
     if (exchanged) d_.cuThreadExchangeStreamCaptureMode(&mode);
   };
+  Job& j = job_;
+  j.bytes = req.bytes;
+  j.piece = piece;
+  j.cut(block, ramp);
+  int slots = static_cast<int>(std::min<size_t>(std::clamp(st.buffers, 1, kMaxSlots), j.blocks));
   ContextResources* res = resources_for(req.ctx, slots);
   if (!res || !ensure_slots(slots, std::max(block, active_plan().max_chunk()))) {
     restore();
@@ -423,18 +451,11 @@ CUresult Engine::copy(const CopyRequest& req) {
   }
   last_ctx_ = req.ctx;
 
-  Job& j = job_;
   j.dir = req.dir;
   j.ctx = req.ctx;
   j.res = res;
   j.host = req.host;
   j.device = req.device;
-  j.bytes = req.bytes;
-  j.block = block;
-  j.piece = piece;
-  j.blocks = blocks;
-  j.pieces_per_block = (block + piece - 1) / piece;
-  j.pieces = (blocks - 1) * j.pieces_per_block + static_cast<size_t>(j.pieces_in(blocks - 1));
   j.slots = slots;
   j.next.store(0, std::memory_order_relaxed);
   j.error.store(CUDA_SUCCESS, std::memory_order_relaxed);

@@ -22,12 +22,18 @@ pass through. Rules may carry measured figures (`gbps`, `gain`), which cmt ignor
 
 The native library never parses JSON: `to_plan()` turns the rules into the compact string it
 reads from CMT_PLAN ("h2d:0=pass;h2d:1048576=8,16,524288;...").
+
+`select()` picks the file in force: --config, else CMT_CONFIG, else the user's tuned file for this
+machine (`cmt tune` writes `<fingerprint slug>.json` into `user_dir()`), else a profile shipped in
+cmt/profiles/ for this machine, else the library's built-in defaults. A tuned file records the
+machine it was measured on (`machine.hardware_id`); files are matched to machines by that id.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -192,6 +198,29 @@ def from_plan(plan: str, search: str = "default") -> TunedConfig:
     return TunedConfig(rules, search)
 
 
+# -- where tuned files live and which one is in force ------------------------------------------
+PROFILES_DIR = Path(__file__).resolve().parent / "profiles"  # known machines, shipped with cmt
+
+
+def user_dir() -> Path:
+    """Where `cmt tune` writes tuned files: $XDG_CONFIG_HOME/cmt, else ~/.config/cmt."""
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "cmt"
+
+
+def file_name(slug: str) -> str:
+    """A tuned file is named after the machine's fingerprint slug: nvidia-h200-pcie5x16-<id>.json."""
+    return f"{slug}.json"
+
+
+def matching_files(folder: Path, hardware_id: str) -> list[Path]:
+    """Files in `folder` named for `hardware_id` (the slug ends with it)."""
+    try:
+        return sorted(p for p in folder.glob(f"*{hardware_id}.json") if p.is_file())
+    except OSError:
+        return []
+
+
 @dataclass
 class Selection:
     """The configuration in force and why it was chosen."""
@@ -199,13 +228,65 @@ class Selection:
     config: TunedConfig | None  # None: the library's built-in defaults
     path: Path | None
     reason: str
+    warnings: list[str] = field(default_factory=list)
 
 
-def select(cli_path: str | None = None) -> Selection:
-    """--config beats CMT_CONFIG beats the built-in defaults."""
+def _machine_ids() -> list[str]:
+    """This machine's hardware ids, cheaply and without CUDA; [] when unknown (never raises)."""
+    try:
+        from .tune import machine
+    except ImportError:
+        return []
+    return machine.hardware_ids()
+
+
+def _foreign_warning(config: TunedConfig, path: Path, ids: list[str]) -> list[str]:
+    theirs = config.machine.get("hardware_id")
+    if not isinstance(theirs, str) or not theirs or not ids or theirs in ids:
+        return []
+    return [f"{path} was tuned for another machine ({config.machine.get('gpu', 'unknown GPU')}, id {theirs}; "
+            f"this one is {', '.join(ids)}): using it anyway"]
+
+
+def _explicit(path: str, reason: str) -> Selection:
+    config = load(path)
+    return Selection(config, Path(path), reason, _foreign_warning(config, Path(path), _machine_ids()))
+
+
+def _first_loadable(paths: list[Path], reason: str, warnings: list[str]) -> Selection | None:
+    """An automatically found file that is corrupt is skipped with a warning, never fatal."""
+    for p in paths:
+        try:
+            return Selection(load(p), p, reason, warnings)
+        except CmtError as e:
+            warnings.append(f"ignoring {e}")
+    return None
+
+
+def select(cli_path: str | None = None, warn: bool = True) -> Selection:
+    """--config beats CMT_CONFIG beats the user's tuned file for this machine (from `cmt tune`)
+    beats a shipped profile for this machine beats the built-in defaults. Prints warnings (a
+    foreign or corrupt file) on stderr unless `warn` is False."""
     if cli_path:
-        return Selection(load(cli_path), Path(cli_path), "given with --config")
-    env = os.environ.get("CMT_CONFIG")
-    if env:
-        return Selection(load(env), Path(env), "named by CMT_CONFIG")
-    return Selection(None, None, "no tuned file given: built-in defaults")
+        chosen = _explicit(cli_path, "given with --config")
+    elif os.environ.get("CMT_CONFIG"):
+        chosen = _explicit(os.environ["CMT_CONFIG"], "named by CMT_CONFIG")
+    else:
+        chosen = _by_fingerprint()
+    if warn:
+        for w in chosen.warnings:
+            print(f"cmt: warning: {w}", file=sys.stderr)
+    return chosen
+
+
+def _by_fingerprint() -> Selection:
+    ids = _machine_ids()
+    warnings: list[str] = []
+    for folder, why in ((user_dir(), "tuned for this machine by `cmt tune`"),
+                        (PROFILES_DIR, "shipped profile for this machine")):
+        for hw in ids:
+            found = _first_loadable(matching_files(folder, hw), f"{why} (id {hw})", warnings)
+            if found:
+                return found
+    why = "no tuned file for this machine" if ids else "this machine could not be identified without CUDA"
+    return Selection(None, None, f"{why}: built-in defaults", warnings)
