@@ -23,21 +23,25 @@ import time
 GIB, MIB = 1 << 30, 1 << 20
 
 
+def host_timed(fn, repeat: int) -> list[float]:
+    """Seconds per call, host clock around fully synchronised work (pageable copies block anyway)."""
+    import torch
+
+    times = []
+    for _ in range(repeat):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return times
+
+
 def measure() -> dict:
     import torch
 
     torch.cuda.init()
     results: dict[str, dict] = {}
-
-    def host_timed(fn, repeat):
-        times = []
-        for _ in range(repeat):
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            times.append(time.perf_counter() - t)
-        return times
 
     def event_timed(fn, repeat):
         times = []

@@ -12,10 +12,10 @@ import argparse
 import itertools
 import json
 import statistics
-import time
 from functools import partial
 
 import torch
+from core_acceptance import host_timed  # benchmarks/ is on sys.path when run as a script
 
 from cmt import native
 
@@ -23,14 +23,7 @@ KIB, MIB = 1 << 10, 1 << 20
 
 
 def timed(fn, repeat):
-    times = []
-    for _ in range(repeat):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return statistics.median(host_timed(fn, repeat))
 
 
 def sweep_size(size, host, back, gpu, pinned) -> list[dict]:

@@ -1,6 +1,6 @@
-"""Compares engine variants on a GPU machine, each in its own process under `cmt run`: streaming
-vs plain memcpy (CMT_COPY) and the destination pre-fault strategy (CMT_PREFAULT), using the
-acceptance measurements of core_acceptance.py.
+"""Compares engine variants on a GPU machine, each in its own process under `cmt run`: block
+ramps (CMT_RAMP), streaming vs plain memcpy (CMT_COPY), piece size (CMT_PIECE) and the destination
+pre-fault strategy (CMT_PREFAULT), using the acceptance measurements of core_acceptance.py.
 
     python benchmarks/explore_variants.py
 """

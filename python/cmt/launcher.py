@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
 
 from . import config as cfg
 from . import native
@@ -39,34 +40,35 @@ def resolve_command(argv: Sequence[str]) -> list[str]:
     return list(argv)
 
 
+@contextmanager
+def _launch_errors(exe: str):
+    """A command that cannot be started gets the shell's message and exit status."""
+    try:
+        yield
+    except PermissionError:
+        raise CmtError(f"{exe}: permission denied", exit_code=126) from None
+    except FileNotFoundError:
+        raise CmtError(f"{exe}: command not found", exit_code=127) from None
+    except OSError as e:
+        raise CmtError(f"{exe}: cannot run: {e.strerror}", exit_code=126) from None
+
+
 def exec_command(argv: Sequence[str], env: Mapping[str, str]) -> None:
     """Replaces this process with argv (`cmt run`): CMD gets every signal and its exit status is
     the command's own, with no Python process left in between."""
     cmd = resolve_command(argv)
     sys.stdout.flush()
     sys.stderr.flush()
-    try:
+    with _launch_errors(cmd[0]):
         os.execvpe(cmd[0], cmd, dict(env))
-    except PermissionError:
-        raise CmtError(f"{cmd[0]}: permission denied", exit_code=126) from None
-    except FileNotFoundError:
-        raise CmtError(f"{cmd[0]}: command not found", exit_code=127) from None
-    except OSError as e:
-        raise CmtError(f"{cmd[0]}: cannot run: {e.strerror}", exit_code=126) from None
 
 
 def run(argv: Sequence[str], env: Mapping[str, str]) -> int:
     """Runs argv as a child (for commands that report after it ends: `cmt profile`), forwarding
     signals, and returns its exit status the way a shell reports it."""
     cmd = resolve_command(argv)
-    try:
+    with _launch_errors(cmd[0]):
         child = subprocess.Popen(cmd, env=dict(env))
-    except PermissionError:
-        raise CmtError(f"{cmd[0]}: permission denied", exit_code=126) from None
-    except FileNotFoundError:
-        raise CmtError(f"{cmd[0]}: command not found", exit_code=127) from None
-    except OSError as e:
-        raise CmtError(f"{cmd[0]}: cannot run: {e.strerror}", exit_code=126) from None
 
     def forward(signum, _frame):
         try:

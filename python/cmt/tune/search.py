@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from ..bench.copy_sweep import EngineSettings
 from ..config import Rule
 
-Measure = Callable[[str, int, "EngineSettings | None"], float]
+Measure = Callable[[str, int, EngineSettings | None], float]
 Tick = Callable[[str], None]
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -223,13 +223,12 @@ def rules(result: DirectionResult) -> list[Rule]:
         return out
     staged = [r for r in result.sizes if r.nbytes >= result.threshold]
     for i, r in enumerate(staged):
-        assert r.settings is not None
+        if r.settings is None:  # cannot happen: every size from the threshold up staged
+            continue
         start = result.threshold if i == 0 else r.nbytes
         extra = {"gbps": round(r.gbps, 2), "gain": round(r.gain, 2), "pageable_gbps": round(r.pageable_gbps, 2),
                  "measured_bytes": r.nbytes}
         out.append(Rule(start, r.settings.threads, r.settings.buffers, r.settings.chunk, extra))
-    if len(out) > 1 and out[1].min_bytes == 0:
-        out.pop(0)
     return out
 
 

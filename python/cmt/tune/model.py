@@ -1,0 +1,118 @@
+"""The instant search: a model of cmt's staging pipeline, fitted from a few measurements.
+
+The engine (native/src/engine.hpp) cuts a copy of S bytes into n = ceil(S / chunk) blocks, one DMA
+each. All T lanes fill (host-to-device) or drain (device-to-host) a block together, while the copy
+engine works on the blocks before it; `buffers` slots let the two stages run ahead of each other.
+Per block:
+
+    t_cpu = chunk / min(min(T, cores) * lane_gbps, memory_gbps)       lanes copy pageable<->pinned
+            + block_overhead + lane_overhead * T                       claim pieces, sync, queue DMA
+    t_dma = chunk / link_gbps + dma_overhead
+
+The slower stage sets the pace; with B buffers the faster one is hidden except for 1/B of it
+(B = 1: the stages alternate; many buffers: they overlap fully, up to scheduling jitter). The
+first block's fill and the last one's drain are not overlapped:
+
+    seconds = copy_overhead + t_cpu + t_dma + (n - 1) * (max(t_cpu, t_dma) + min(t_cpu, t_dma) / B)
+
+What each parameter is measured by (measure.py, `probe`): the link and DMA cost from pinned copies
+at two sizes, lane and memory bandwidth from CPU memcpy with one and many threads, the per-block
+costs from engine copies cut into many small blocks at two thread counts, the per-copy cost from a
+one-block engine copy. The instant search evaluates the model over the same grid as the full search
+and takes the least resources within 1% of the predicted best (search.choose); the chosen settings
+are then measured for real against the driver's copy, which decides pass-through and gives `gbps`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+from ..bench.copy_sweep import EngineSettings
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class PipelineModel:
+    link_gbps: float          # DMA rate of large pinned copies
+    dma_overhead_s: float     # per DMA command
+    lane_gbps: float          # one lane's pageable<->pinned copy rate
+    memory_gbps: float        # all lanes together
+    block_overhead_s: float   # per block, CPU side
+    lane_overhead_s: float    # per block and lane (synchronising more lanes costs more)
+    copy_overhead_s: float    # per copy (waking lanes, the final synchronisation)
+    cores: int = 64           # lanes beyond the cores add overhead, not bandwidth
+
+    def seconds(self, nbytes: int, s: EngineSettings) -> float:
+        chunk = min(s.chunk, nbytes)
+        blocks = math.ceil(nbytes / chunk)
+        buffers = max(1, min(s.buffers, blocks))
+        fill = min(min(s.threads, self.cores) * self.lane_gbps, self.memory_gbps) * GB
+        t_cpu = chunk / fill + self.block_overhead_s + self.lane_overhead_s * s.threads
+        t_dma = chunk / (self.link_gbps * GB) + self.dma_overhead_s
+        steady = max(t_cpu, t_dma) + min(t_cpu, t_dma) / buffers
+        return self.copy_overhead_s + t_cpu + t_dma + (blocks - 1) * steady
+
+    def gbps(self, nbytes: int, s: EngineSettings) -> float:
+        return nbytes / self.seconds(nbytes, s) / GB
+
+    def to_json(self) -> dict[str, float]:
+        return {k: (round(v * 1e6, 3) if k.endswith("_s") else round(v, 3)) if isinstance(v, float) else v
+                for k, v in asdict(self).items()}
+
+
+# Fitted (least squares on log bandwidth, 16% rms) to the H200 sweep in
+# benchmarks/results/h200-2026-12-02/engine-sweep.json (16 cores, PCIe Gen5 x16). The tests use
+# these as the simulated machine; its choices of chunk and threads match the sweep's best.
+H200 = {
+    "h2d": PipelineModel(55.5, 7.33e-6, 8.01, 49.8, 5.77e-6, 0.198e-6, 15.9e-6, cores=16),
+    "d2h": PipelineModel(55.5, 6.46e-6, 7.51, 49.7, 4.89e-6, 0.170e-6, 14.7e-6, cores=16),
+}
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What the instant search measures for one direction (seconds, one copy each, medians)."""
+
+    pinned_small: tuple[int, float]      # (bytes, seconds) of a pinned DMA, small
+    pinned_large: tuple[int, float]      # and large
+    cpu_one: tuple[int, float]           # (bytes, seconds) of a 1-thread memcpy
+    cpu_many: tuple[int, int, float]     # (threads, bytes, seconds) of the fastest many-thread memcpy
+    small_blocks: tuple[tuple[EngineSettings, int, float], ...]  # engine copies cut into many blocks
+    one_block: tuple[EngineSettings, int, float]                 # an engine copy of one block
+    cores: int
+
+
+def _solve_cpu_block(model: PipelineModel, nbytes: int, s: EngineSettings, seconds: float) -> float:
+    """The per-block CPU overhead that makes the model take `seconds` (bisection: the model's
+    time grows with it)."""
+    lo, hi = 0.0, 1e-3
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        trial = replace(model, block_overhead_s=mid, lane_overhead_s=0.0)
+        if trial.seconds(nbytes, s) < seconds:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def fit(p: Probe) -> PipelineModel:
+    """The model's parameters from one direction's probe."""
+    (ns, ts), (nl, tl) = p.pinned_small, p.pinned_large
+    link = nl / tl / GB
+    dma = max(0.0, ts - ns / (link * GB))
+    lane = p.cpu_one[0] / p.cpu_one[1] / GB
+    memory = max(lane, p.cpu_many[1] / p.cpu_many[2] / GB)
+    model = PipelineModel(link, dma, lane, memory, 0.0, 0.0, 0.0, cores=p.cores)
+    for _ in range(2):  # the per-copy and per-block costs each hide in the other's measurement
+        per_block = [(s.threads, _solve_cpu_block(model, n, s, t))
+                     for s, n, t in p.small_blocks]
+        (t1, o1), (t2, o2) = per_block[0], per_block[-1]
+        lane_cost = max(0.0, (o2 - o1) / (t2 - t1)) if t2 != t1 else 0.0
+        block_cost = max(0.0, o1 - lane_cost * t1)
+        model = replace(model, block_overhead_s=block_cost, lane_overhead_s=lane_cost)
+        s, n, t = p.one_block
+        model = replace(model, copy_overhead_s=max(0.0, t - (model.seconds(n, s) - model.copy_overhead_s)))
+    return model
