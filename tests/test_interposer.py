@@ -212,6 +212,21 @@ def test_eight_threads_four_streams_at_once(server):
     assert outcome(r, "h2d") == {"accelerated": 48} and outcome(r, "d2h") == {"accelerated": 48}
 
 
+def test_several_devices_and_threads_share_the_engine(fake_driver_dir):
+    s = CopyServer(fake_driver_dir, FAKE_CUDA_DEVICES="2")
+    try:
+        r = s("multi_device", threads=6, rounds=5)
+        assert r["devices"] == 2 and r["errors"] == []
+        assert outcome(r, "h2d") == {"accelerated": 30} and outcome(r, "d2h") == {"accelerated": 30}
+    finally:
+        s.close()
+
+
+def test_legacy_stream_copy_during_another_streams_capture(server):
+    r = server("legacy_during_capture", size=4 * MIB)
+    assert r["rc"] == 906 and outcome(r, "h2d") == {"capturing": 1}
+
+
 def test_forked_child_passes_everything_through(server):
     r = server("fork", size=4 * MIB)
     assert outcome(r["child"], "h2d") == {"forked_child": 1}

@@ -231,6 +231,56 @@ def concurrent(req: dict) -> dict:
     return {"errors": errors, "stats": stats_delta(before, stats())}
 
 
+def multi_device(req: dict) -> dict:
+    """Threads on every device's primary context copying at once: the engine moves between contexts."""
+    errors: list[str] = []
+    contexts = [drv.primary_ctx(d) for d in range(drv.device_count())]
+
+    def work(t: int) -> None:
+        try:
+            rng = np.random.default_rng(t)
+            for i in range(req["rounds"]):
+                drv.ctx_set_current(contexts[(t + i) % len(contexts)])  # switch device every round
+                n = int(rng.integers(2 << 20, 5 << 20))
+                data = rng.bytes(n)
+                src = ctypes.create_string_buffer(data, n)
+                dev = drv.mem_alloc(n)
+                stream = drv.stream_create(CU_STREAM_NON_BLOCKING)
+                drv.memcpy("cuMemcpyHtoDAsync_v2", dev, src, n, stream)
+                out = ctypes.create_string_buffer(n)
+                drv.memcpy("cuMemcpyDtoH_v2", out, dev, n)
+                if out.raw != data or drv.peek(dev, n) != data:
+                    errors.append(f"thread {t} round {i}: mismatch")
+                drv.stream_destroy(stream)
+                drv.mem_free(dev)
+        except Exception as e:  # reported to the test
+            errors.append(f"thread {t}: {e!r}")
+
+    before = stats()
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(req["threads"])]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    drv.ctx_set_current(ctx)
+    return {"devices": len(contexts), "errors": errors, "stats": stats_delta(before, stats())}
+
+
+def legacy_during_capture(req: dict) -> dict:
+    """A legacy-stream copy while a blocking stream captures: the driver's own error (906)."""
+    n = req["size"]
+    capturing = drv.stream_create(0)
+    drv.begin_capture(capturing)
+    dev = drv.mem_alloc(n)
+    src = ctypes.create_string_buffer(n)
+    before = stats()
+    rc = drv.call("cuMemcpyHtoD_v2", dev, ctypes.addressof(src), n)
+    after = stats()
+    drv.call("cuStreamEndCapture", capturing, ctypes.byref(ctypes.c_void_p()))
+    drv.mem_free(dev)
+    return {"rc": rc, "stats": stats_delta(before, after)}
+
+
 def call(req: dict) -> dict:
     """One raw call of an entry point (for pass-through and error cases); returns its CUresult."""
     n = req["size"]
@@ -294,7 +344,8 @@ def fork(req: dict) -> dict:
 
 def main() -> None:
     handlers = {"roundtrip": roundtrip, "ordering": ordering, "concurrent": concurrent, "call": call,
-                "fork": fork, "stats": lambda _r: stats()}
+                "fork": fork, "multi_device": multi_device, "legacy_during_capture": legacy_during_capture,
+                "stats": lambda _r: stats()}
     for line in sys.stdin:
         req = json.loads(line)
         try:
