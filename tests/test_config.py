@@ -72,6 +72,9 @@ def test_unwritable_destination(tmp_path):
 def test_selection_order(tmp_path, monkeypatch):
     path = write(tmp_path, GOOD)
     monkeypatch.delenv("CMT_CONFIG", raising=False)
+    # A machine without tuned files or a shipped profile (the H200 has one: see test_config_select).
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setattr(cfg, "_machine_ids", lambda: [])
     assert cfg.select(None).config is None
     monkeypatch.setenv("CMT_CONFIG", path)
     assert cfg.select(None).reason == "named by CMT_CONFIG"

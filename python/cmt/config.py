@@ -31,6 +31,7 @@ machine it was measured on (`machine.hardware_id`); files are matched to machine
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -174,11 +175,27 @@ def load(path: str | os.PathLike) -> TunedConfig:
 def save(config: TunedConfig, path: str | os.PathLike) -> Path:
     """Writes atomically: a reader (or an interrupted writer) never sees half a file."""
     p = Path(path)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(config.to_json(), indent=2) + "\n")
         os.replace(tmp, p)
+    except OSError as e:
+        raise CmtError(f"cannot write tuned file {p}: {e.strerror or e}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()  # interrupted or failed: no stray temporary file
+    return p
+
+
+def ensure_writable(path: str | os.PathLike) -> Path:
+    """Proves the tuned file's folder writable before minutes of measuring, not after."""
+    p = Path(path)
+    probe = p.with_name(f".{p.name}.{os.getpid()}.probe")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        probe.write_text("")
+        probe.unlink()
     except OSError as e:
         raise CmtError(f"cannot write tuned file {p}: {e.strerror or e}") from None
     return p

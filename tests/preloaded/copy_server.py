@@ -198,6 +198,17 @@ def ordering(req: dict) -> dict:
     return {"d2h_waited": d2h_ok, "h2d_ordered": h2d_ok}
 
 
+def in_threads(work, count: int) -> dict:
+    """Runs work(0..count-1) on as many threads at once; returns what cmt did meanwhile."""
+    before = stats()
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(count)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return stats_delta(before, stats())
+
+
 def concurrent(req: dict) -> dict:
     """`threads` threads, each with `streams` streams, doing round trips at once."""
     errors: list[str] = []
@@ -222,13 +233,7 @@ def concurrent(req: dict) -> dict:
         except Exception as e:  # reported to the test
             errors.append(f"thread {t}: {e!r}")
 
-    before = stats()
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(req["threads"])]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    return {"errors": errors, "stats": stats_delta(before, stats())}
+    return {"errors": errors, "stats": in_threads(work, req["threads"])}
 
 
 def multi_device(req: dict) -> dict:
@@ -256,14 +261,9 @@ def multi_device(req: dict) -> dict:
         except Exception as e:  # reported to the test
             errors.append(f"thread {t}: {e!r}")
 
-    before = stats()
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(req["threads"])]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    delta = in_threads(work, req["threads"])
     drv.ctx_set_current(ctx)
-    return {"devices": len(contexts), "errors": errors, "stats": stats_delta(before, stats())}
+    return {"devices": len(contexts), "errors": errors, "stats": delta}
 
 
 def legacy_during_capture(req: dict) -> dict:

@@ -1,19 +1,22 @@
 """The instant search: a model of cmt's staging pipeline, fitted from a few measurements.
 
-The engine (native/src/engine.hpp) cuts a copy of S bytes into n = ceil(S / chunk) blocks, one DMA
-each. All T lanes fill (host-to-device) or drain (device-to-host) a block together, while the copy
-engine works on the blocks before it; `buffers` slots let the two stages run ahead of each other.
-Per block:
+The engine (native/src/engine.cpp) cuts a copy into blocks of `chunk` bytes, one DMA each; with
+ramping (CMT_RAMP, on by default) the first blocks grow from chunk/8 and the last ones shrink back,
+so that filling and draining the pipeline costs less (`cut` below is its geometry). All T lanes
+fill (host-to-device) or drain (device-to-host) a block together, while the copy engine works on
+the blocks before it; `buffers` slots let the two stages run ahead of each other. Per block of c
+bytes:
 
-    t_cpu = chunk / min(min(T, cores) * lane_gbps, memory_gbps)       lanes copy pageable<->pinned
-            + block_overhead + lane_overhead * T                       claim pieces, sync, queue DMA
-    t_dma = chunk / link_gbps + dma_overhead
+    t_cpu(c) = c / min(min(T, cores) * lane_gbps, memory_gbps)      lanes copy pageable<->pinned
+               + block_overhead + lane_overhead * T                  claim pieces, sync, queue DMA
+    t_dma(c) = c / link_gbps + dma_overhead
 
 The slower stage sets the pace; with B buffers the faster one is hidden except for 1/B of it
 (B = 1: the stages alternate; many buffers: they overlap fully, up to scheduling jitter). The
 first block's fill and the last one's drain are not overlapped:
 
-    seconds = copy_overhead + t_cpu + t_dma + (n - 1) * (max(t_cpu, t_dma) + min(t_cpu, t_dma) / B)
+    seconds = copy_overhead + t_cpu(first) + t_dma(last)
+              + sum over the other blocks of (max(t_cpu, t_dma) + min(t_cpu, t_dma) / B)
 
 What each parameter is measured by (measure.py, `probe`): the link and DMA cost from pinned copies
 at two sizes, lane and memory bandwidth from CPU memcpy with one and many threads, the per-block
@@ -25,10 +28,11 @@ are then measured for real against the driver's copy, which decides pass-through
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 from ..bench.copy_sweep import EngineSettings
+from . import search
 
 GB = 1e9
 
@@ -43,23 +47,67 @@ class PipelineModel:
     lane_overhead_s: float    # per block and lane (synchronising more lanes costs more)
     copy_overhead_s: float    # per copy (waking lanes, the final synchronisation)
     cores: int = 64           # lanes beyond the cores add overhead, not bandwidth
+    ramp: bool = False        # the engine ramps block sizes (the H200 sweep was measured without)
 
     def seconds(self, nbytes: int, s: EngineSettings) -> float:
-        chunk = min(s.chunk, nbytes)
-        blocks = math.ceil(nbytes / chunk)
-        buffers = max(1, min(s.buffers, blocks))
+        blocks = cut(nbytes, s.chunk, piece_bytes(s.chunk, s.threads), self.ramp)
+        buffers = max(1, min(s.buffers, sum(k for _, k in blocks)))
         fill = min(min(s.threads, self.cores) * self.lane_gbps, self.memory_gbps) * GB
-        t_cpu = chunk / fill + self.block_overhead_s + self.lane_overhead_s * s.threads
-        t_dma = chunk / (self.link_gbps * GB) + self.dma_overhead_s
-        steady = max(t_cpu, t_dma) + min(t_cpu, t_dma) / buffers
-        return self.copy_overhead_s + t_cpu + t_dma + (blocks - 1) * steady
+        per_block = self.block_overhead_s + self.lane_overhead_s * s.threads
+
+        def t_cpu(c: int) -> float:
+            return c / fill + per_block
+
+        def t_dma(c: int) -> float:
+            return c / (self.link_gbps * GB) + self.dma_overhead_s
+
+        total = self.copy_overhead_s + t_cpu(blocks[0][0]) + t_dma(blocks[-1][0])
+        for i, (c, k) in enumerate(blocks):
+            steady = max(t_cpu(c), t_dma(c)) + min(t_cpu(c), t_dma(c)) / buffers
+            total += steady * (k - 1 if i == 0 else k)
+        return total
 
     def gbps(self, nbytes: int, s: EngineSettings) -> float:
         return nbytes / self.seconds(nbytes, s) / GB
 
     def to_json(self) -> dict[str, float]:
-        return {k: (round(v * 1e6, 3) if k.endswith("_s") else round(v, 3)) if isinstance(v, float) else v
+        """Bandwidths in GB/s, times in microseconds (`_us`)."""
+        return {(k[:-2] + "_us" if k.endswith("_s") else k):
+                round(v * 1e6 if k.endswith("_s") else v, 3) if isinstance(v, float) else v
                 for k, v in asdict(self).items()}
+
+
+def piece_bytes(chunk: int, threads: int) -> int:
+    """The lanes' unit of work: the block shared out over the lanes, at least 64 KiB (engine.cpp)."""
+    return min(chunk, max(64 << 10, (chunk // threads + 4095) & ~4095))
+
+
+def cut(nbytes: int, chunk: int, piece: int, ramp: bool) -> list[tuple[int, int]]:
+    """The engine's blocks (Job::cut), as (size, how many in a row), in order."""
+    first = max(chunk // 8, min(chunk, piece)) if ramp else chunk
+    out: list[tuple[int, int]] = []
+    rem = nbytes
+
+    def take(n: int, times: int = 1) -> None:
+        nonlocal rem
+        n = min(n, rem)
+        if out and out[-1][0] == n:
+            out[-1] = (n, out[-1][1] + times)
+        else:
+            out.append((n, times))
+        rem -= n * times
+
+    size = first
+    while size < chunk and rem:  # ramp up
+        take(size)
+        size *= 2
+    if rem > 2 * chunk - first:  # full blocks, leaving the ramp down its bytes
+        take(chunk, -(-(rem - (2 * chunk - first)) // chunk))
+    size = chunk
+    while rem:  # ramp down: chunk, chunk/2, ... first
+        take(size)
+        size = max(first, size // 2)
+    return out
 
 
 # Fitted (least squares on log bandwidth, 16% rms) to the H200 sweep in
@@ -82,6 +130,7 @@ class Probe:
     small_blocks: tuple[tuple[EngineSettings, int, float], ...]  # engine copies cut into many blocks
     one_block: tuple[EngineSettings, int, float]                 # an engine copy of one block
     cores: int
+    ramp: bool = True                    # whether the engine measured ramps its block sizes
 
 
 def _solve_cpu_block(model: PipelineModel, nbytes: int, s: EngineSettings, seconds: float) -> float:
@@ -105,7 +154,7 @@ def fit(p: Probe) -> PipelineModel:
     dma = max(0.0, ts - ns / (link * GB))
     lane = p.cpu_one[0] / p.cpu_one[1] / GB
     memory = max(lane, p.cpu_many[1] / p.cpu_many[2] / GB)
-    model = PipelineModel(link, dma, lane, memory, 0.0, 0.0, 0.0, cores=p.cores)
+    model = PipelineModel(link, dma, lane, memory, 0.0, 0.0, 0.0, cores=p.cores, ramp=p.ramp)
     for _ in range(2):  # the per-copy and per-block costs each hide in the other's measurement
         per_block = [(s.threads, _solve_cpu_block(model, n, s, t))
                      for s, n, t in p.small_blocks]
@@ -116,3 +165,17 @@ def fit(p: Probe) -> PipelineModel:
         s, n, t = p.one_block
         model = replace(model, copy_overhead_s=max(0.0, t - (model.seconds(n, s) - model.copy_overhead_s)))
     return model
+
+
+def search_direction(measure: search.Measure, probe: Probe, direction: str, sizes: list[int],
+                     grid: Callable[[int], list[EngineSettings]], opts: search.Options = search.DEFAULTS,
+                     tick: search.Tick | None = None) -> tuple[search.DirectionResult, PipelineModel]:
+    """The instant search for one direction: fit the model, let it choose per size, then measure
+    each choice against the driver's copy (which decides pass-through and gives `gbps`)."""
+    fitted = fit(probe)
+    results = []
+    for n in sorted(set(sizes)):
+        candidates = grid(n)
+        chosen = search.choose({c: fitted.gbps(n, c) for c in candidates}, opts.within) if candidates else None
+        results.append(search.confirm(measure, direction, n, chosen, len(candidates), opts, tick))
+    return search.direction_result(direction, results, opts), fitted

@@ -8,9 +8,11 @@ Per direction and size:
   1. Successive halving over a grid of (threads, buffers, chunk): every candidate gets one sample,
      the best third (by median) goes on to more samples, until a few finalists are measured well.
      Most candidates cost one sample; the measurement goes where the differences are small.
-  2. The smallest resources within 1% of the best: candidates whose estimate could be within 1%
-     are re-measured in order of resource use (threads, then pinned bytes); the first one whose
-     median holds up is chosen. Threads are cores taken from the program, so they cost the most.
+  2. The smallest resources within 1% of the best: the best is re-measured on new samples (the
+     winner of a noisy selection is flattered by its own), then candidates whose estimate could be
+     within 1% are re-measured in order of resource use (threads, then pinned bytes); the first one
+     whose median holds up twice is chosen. Threads are cores taken from the program: they cost
+     the most.
   3. Staging is used only where it beats the driver's pageable copy by a margin.
 Across sizes, the size below which pass-through wins is narrowed by bisection between the largest
 size that passes and the next, measuring exactly the rule that would apply there.
@@ -47,6 +49,11 @@ class Options:
     resource_checks: int = 12        # at most this many cheaper candidates re-measured
     win_margin: float = 0.03         # staging must beat pass-through by 3% to be used
     threshold_steps: int = 3         # bisection steps for the pass-through threshold
+
+
+DEFAULTS = Options()
+INSTANT = Options(final_samples=5)  # the instant search only confirms its choices
+QUICK = Options(schedule=(1, 2), finalists=2, final_samples=3, resource_checks=4, threshold_steps=1)
 
 
 def resource(s: EngineSettings) -> tuple[int, int, int]:
@@ -128,6 +135,13 @@ class _Samples:
     def median(self, settings: EngineSettings | None) -> float:
         return median(self.seen.get(settings, []))
 
+    def fresh(self, settings: EngineSettings, n: int) -> float:
+        """The median of n new samples, added to the others: the winner of a selection among noisy
+        estimates is biased upwards; new samples of it are not."""
+        got = self.seen[settings]
+        self.top_up(settings, len(got) + n)
+        return median(got[-n:])
+
 
 def _halve(s: _Samples, alive: list[EngineSettings], opts: Options) -> list[EngineSettings]:
     rung = 0
@@ -146,7 +160,7 @@ def _halve(s: _Samples, alive: list[EngineSettings], opts: Options) -> list[Engi
 def _least_resources(s: _Samples, best: EngineSettings, opts: Options) -> EngineSettings:
     """Re-measures cheaper candidates that might be within `within` of the best; the first
     (cheapest) that is, wins. Estimates from few samples get slack for their noise."""
-    top = s.median(best)
+    top = s.fresh(best, opts.final_samples)
 
     def maybe(c: EngineSettings) -> bool:
         n = len(s.seen[c])
@@ -155,7 +169,10 @@ def _least_resources(s: _Samples, best: EngineSettings, opts: Options) -> Engine
     cheaper = sorted((c for c in s.seen if c is not None and resource(c) < resource(best) and maybe(c)),
                      key=resource)
     for c in cheaper[:opts.resource_checks]:
-        if s.top_up(c, opts.final_samples) >= (1 - opts.within) * top:
+        # Checked twice, the second time on new samples of both: of many near-ties one passes a
+        # single noisy check by luck far more often than a truly good one fails two.
+        if s.top_up(c, opts.final_samples) >= (1 - opts.within) * top and \
+                s.fresh(c, opts.final_samples) >= (1 - opts.within) * s.fresh(best, opts.final_samples):
             return c
     return best
 
@@ -196,22 +213,42 @@ def _refine_threshold(measure: Measure, lo: int, hi: SizeResult, opts: Options,
     return top, figures, count
 
 
+def confirm(measure: Measure, direction: str, nbytes: int, settings: EngineSettings | None, n_candidates: int,
+            opts: Options = Options(), tick: Tick | None = None) -> SizeResult:
+    """Measures given settings against the driver's copy (the instant search's chosen ones)."""
+    s = _Samples(measure, direction, nbytes, tick)
+    pageable = s.top_up(None, opts.final_samples)
+    staged = s.top_up(settings, opts.final_samples) if settings is not None else 0.0
+    return SizeResult(direction, nbytes, settings, staged, pageable, n_candidates, s.count)
+
+
+def first_staged(results: Sequence[SizeResult], opts: Options) -> int:
+    """Index of the lowest size from which staging wins at every size above (len: none wins)."""
+    first = len(results)
+    while first > 0 and _wins(results[first - 1], opts):
+        first -= 1
+    return first
+
+
+def direction_result(direction: str, results: list[SizeResult], opts: Options = Options()) -> DirectionResult:
+    """Sizes below the first staged one pass through (no bisection)."""
+    first = first_staged(results, opts)
+    threshold = results[first].nbytes if first < len(results) else None
+    return DirectionResult(direction, results, threshold, {}, sum(r.measurements for r in results))
+
+
 def search_direction(measure: Measure, direction: str, sizes: Sequence[int],
                      grid: Callable[[int], list[EngineSettings]], opts: Options = Options(),
                      tick: Tick | None = None) -> DirectionResult:
     """Every size, then the pass-through threshold: the lowest size from which staging wins at
-    every measured size above; everything below it passes."""
+    every measured size above, narrowed by bisection towards the largest size that passes."""
     results = [search_size(measure, direction, n, grid(n), opts, tick) for n in sorted(set(sizes))]
-    count = sum(r.measurements for r in results)
-    first = len(results)
-    while first > 0 and _wins(results[first - 1], opts):
-        first -= 1
-    if first == len(results):
-        return DirectionResult(direction, results, None, {}, count)
-    if first == 0:
-        return DirectionResult(direction, results, results[0].nbytes, {}, count)
+    found = direction_result(direction, results, opts)
+    first = first_staged(results, opts)
+    if found.threshold is None or first == 0:
+        return found
     threshold, figures, extra = _refine_threshold(measure, results[first - 1].nbytes, results[first], opts, tick)
-    return DirectionResult(direction, results, threshold, figures, count + extra)
+    return DirectionResult(direction, results, threshold, figures, found.measurements + extra)
 
 
 def rules(result: DirectionResult) -> list[Rule]:

@@ -1,0 +1,110 @@
+"""Real measurements for `cmt tune`, through cmt.bench.copy_sweep: the same buffers, engine entry
+point and timing as `cmt bench copy` (host clock around the copy and a synchronisation; pinned
+copies by CUDA events).
+
+`Measurer` is the search's `measure(direction, nbytes, settings) -> GB/s`: one sample is the
+median of a few copies (enough to move ~32 MiB, at most 16), so that every sample costs about the
+same whatever the size, after a warm-up copy when the settings changed (small copies only: a large
+copy is long against waking the lanes).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+
+from .. import cuda, native
+from ..bench import copy_sweep
+from ..bench.copy_sweep import EngineSettings
+from ..errors import CmtError
+from . import model as pipeline
+
+GB = 1e9
+SAMPLE_BYTES = 32 << 20
+MAX_COPIES = 16
+WARMUP_BELOW = 64 << 20
+
+
+class Measurer:
+    """Buffers for copies up to `capacity` bytes on an open device; a context manager."""
+
+    def __init__(self, drv: cuda.Driver, device: cuda.Device, capacity: int, largest: EngineSettings,
+                 max_copies: int = MAX_COPIES):
+        self.max_copies = max_copies
+        self.bench = copy_sweep.CopyBench(drv, device, capacity)
+        self.count = 0  # timed copies
+        self._last: tuple[str, EngineSettings | None] | None = None
+        try:
+            # One copy with the most lanes and the largest ring allocates every staging buffer now,
+            # not in the middle of some candidate's timing.
+            chunk = min(largest.chunk, max(4096, capacity // 2))
+            r = native.memcpy("h2d", copy_sweep.address(self.bench.src), self.bench.dev, capacity,
+                              self.bench.stream, largest.threads, largest.buffers, chunk)
+            if r != cuda.CUDA_SUCCESS:
+                raise cuda.CudaError("cmt_memcpy", int(r), drv.error_name(int(r)))
+            drv.synchronize()
+        except BaseException:
+            self.bench.close()
+            raise
+
+    def close(self) -> None:
+        self.bench.close()
+
+    def __enter__(self) -> Measurer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __call__(self, direction: str, nbytes: int, settings: EngineSettings | None) -> float:
+        mode = "pageable" if settings is None else "cmt"
+        copies = max(1, min(self.max_copies, SAMPLE_BYTES // nbytes))
+        warmup = 0 if self._last == (direction, settings) or nbytes >= WARMUP_BELOW else 1
+        self._last = (direction, settings)
+        r = copy_sweep.measure(self.bench, mode, direction, nbytes, copies, warmup, settings, verify=False)
+        if mode == "cmt" and r.outcome != "accelerated":
+            raise CmtError(f"cmt's engine did not stage a {direction} copy of {nbytes} bytes ({r.outcome})",
+                           exit_code=1)
+        self.count += copies + warmup
+        return r.median_gbps
+
+    def verify(self, direction: str, nbytes: int, settings: EngineSettings | None) -> None:
+        """Random data through these settings, checked byte for byte (VerificationError if wrong)."""
+        self.bench.verify("pageable" if settings is None else "cmt", direction, nbytes, settings)
+
+    # -- the instant search's probe -------------------------------------------------------------
+    def _seconds(self, fn, repeats: int = 5) -> float:
+        fn()  # warm-up
+        return statistics.median(fn() for _ in range(repeats))
+
+    def probe(self, direction: str, cores: int) -> pipeline.Probe:
+        """The few measurements the pipeline model is fitted from (model.py says what each is for)."""
+        b, cap = self.bench, self.bench.capacity
+        small, large = min(256 << 10, cap), min(64 << 20, cap)
+        pinned_small = self._seconds(lambda: b.copy_seconds("pinned", direction, small))
+        pinned_large = self._seconds(lambda: b.copy_seconds("pinned", direction, large))
+        cpu_one = self._seconds(lambda: b.cpu_copy_seconds(1, large))
+        many = sorted({max(1, cores // 2), cores})
+        cpu_many = max(((t, large, self._seconds(lambda t=t: b.cpu_copy_seconds(t, large))) for t in many),
+                       key=lambda x: x[1] / x[2])
+        blocks_at = min(8 << 20, cap)
+        tiny_chunk = max(4096, min(64 << 10, blocks_at // 64))
+        small_blocks = tuple(
+            (s, blocks_at, self._seconds(lambda s=s: b.copy_seconds("cmt", direction, blocks_at, s)))
+            for s in sorted({EngineSettings(min(2, cores), 16, tiny_chunk),
+                             EngineSettings(max(min(2, cores), min(8, cores)), 16, tiny_chunk)},
+                            key=lambda s: s.threads))
+        one = min(64 << 10, cap)
+        one_block = EngineSettings(1, 1, one)
+        one_block_s = self._seconds(lambda: b.copy_seconds("cmt", direction, one, one_block))
+        self.count += 6 * (6 + len(many) + len(small_blocks))
+        return pipeline.Probe((small, pinned_small), (large, pinned_large), (large, cpu_one), cpu_many,
+                              small_blocks, (one_block, one, one_block_s), cores, engine_ramps())
+
+
+def engine_ramps() -> bool:
+    """CMT_RAMP as the engine reads it (atol; unset or empty: on)."""
+    value = os.environ.get("CMT_RAMP", "")
+    number = re.match(r"\s*[+-]?(\d+)", value)
+    return not value or (number is not None and int(number.group(1)) != 0)
