@@ -1,27 +1,43 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: install, then the named steps. Results land in $OUT (the device
-# tool brings back at most 8 files, two folders deep).
-#   bash benchmarks/gpu_session.sh gputests core benchcopy profile workloads
+# One call on the GPU machine: install cmt, run the named steps, pack every result into
+# $OUT/results.tar.gz (the device tool brings back at most 8 files) and print short summaries.
+#   bash benchmarks/gpu_session.sh gputests core benchcopy
+# Steps: gputests core benchcopy workloads profiles tune variants sweep
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/cmt-out}
-mkdir -p "$OUT"
-LOG="$OUT/session.log"
+R=/tmp/cmt-results
+mkdir -p "$OUT" "$R"
 { nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv; nproc;
-  grep -m1 "model name" /proc/cpuinfo; lscpu | grep -iE "L3|numa node\(" ; date -u; } 2>&1 | tee "$LOG"
-python3 -m pip install --no-build-isolation --no-deps . > /tmp/install.log 2>&1 || { tail -30 /tmp/install.log; exit 1; }
+  grep -m1 "model name" /proc/cpuinfo; lscpu | grep -iE "L3|numa node\(" ; date -u; } 2>&1 | tee "$R/machine.txt"
+python3 -m pip install --no-build-isolation --no-deps . > "$R/install.log" 2>&1 || { tail -30 "$R/install.log"; exit 1; }
+WORKLOADS=python/cmt/bench/workloads
 for step in "$@"; do
-  echo "== $step $(date -u +%T)" | tee -a "$LOG"
+  echo "== $step $(date -u +%T)"
   case "$step" in
-    gputests) timeout 90 python3 -m pytest -m gpu tests/gpu -q -x -p no:cacheprovider 2>&1 | tail -15 | tee -a "$LOG" ;;
-    core) timeout 110 python3 benchmarks/core_acceptance.py --out "$OUT/core-acceptance.json" 2>&1 | tail -16 ;;
-    variants) timeout 300 python3 benchmarks/explore_variants.py "$OUT/variants.json" 2>&1 | tail -8 ;;
-    sweep) timeout 300 python3 benchmarks/explore_engine.py --out "$OUT/engine-sweep.json" 2>&1 | grep -E "size|best" ;;
-    benchcopy) timeout 110 python3 -m cmt bench copy --out "$OUT/c" 2>&1 | tail -40 | tee -a "$LOG" ;;
-    profile) mkdir -p "$OUT/p"; timeout 45 python3 -m cmt profile --chart "$OUT/p/profile.png" -- python3 \
-               python/cmt/bench/workloads/torch_tensor.py > "$OUT/p/profile.txt" 2>&1; tail -30 "$OUT/p/profile.txt" ;;
-    workloads) timeout 150 python3 -m cmt bench workloads --only torch-tensor,seed-torch,dcp-async-save,hf-load \
-                 --out "$OUT/w" 2>&1 | tail -25 | tee -a "$LOG" ;;
+    gputests) timeout 400 python3 -m pytest -m gpu tests -q -x -p no:cacheprovider 2>&1 | tee "$R/gpu-tests.log" | tail -8 ;;
+    core) timeout 150 python3 benchmarks/core_acceptance.py --out "$R/core-acceptance.json" 2>&1 | tail -16 ;;
+    benchcopy) timeout 150 python3 -m cmt bench copy --out "$R/copy" 2>&1 | tail -40 ;;
+    workloads) timeout 420 python3 -m cmt bench workloads --out "$R/workloads" 2>&1 | tail -20 ;;
+    profiles)
+      mkdir -p "$R/profiles"
+      for w in torch_tensor hf_load dcp_async_save; do
+        python3 "$WORKLOADS/$w.py" --prepare --work-dir /tmp/cmt-work > /dev/null 2>&1
+        timeout 120 python3 -m cmt profile --out "$R/profiles/$w.cmtprof" --chart "$R/profiles/$w.png" \
+          --trace "$R/profiles/$w.trace.json" -- python3 "$WORKLOADS/$w.py" --work-dir /tmp/cmt-work \
+          > "$R/profiles/$w.txt" 2>&1
+        head -30 "$R/profiles/$w.txt"
+      done ;;
+    tune)
+      timeout 30 python3 -m cmt tune --search instant --out "$R/tuned-instant.json" 2>&1 | tail -25
+      timeout 240 python3 -m cmt tune --search full --out "$R/tuned-full.json" 2>&1 | tail -25
+      for t in instant full; do
+        timeout 150 python3 -m cmt bench copy --config "$R/tuned-$t.json" --modes pageable,pinned,cmt \
+          --directions h2d,d2h --out "$R/copy-tuned-$t" 2>&1 | tail -22
+      done ;;
+    variants) timeout 300 python3 benchmarks/explore_variants.py "$R/variants.json" 2>&1 | tail -8 ;;
+    sweep) timeout 300 python3 benchmarks/explore_engine.py --out "$R/engine-sweep.json" 2>&1 | grep -E "size|best" ;;
     *) echo "unknown step $step" ;;
   esac
 done
+tar -C "$R" -czf "$OUT/results.tar.gz" . && ls -la "$OUT"
