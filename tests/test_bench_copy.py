@@ -176,7 +176,7 @@ print(json.dumps(r.to_json()))
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r["outcome"] == "accelerated" and r["verified"] and r["repeats"] == 3
-    assert r["settings"] == {"threads": 2, "buffers": 4, "chunk_bytes": 128 << 10}
+    assert r["settings"] == {"threads": 2, "buffers": 4, "chunk_bytes": 128 << 10, "stream_stores": False}
 
 
 # -- bad input and missing hardware ----------------------------------------------------------------

@@ -13,7 +13,8 @@ from cmt.errors import CmtError
 GOOD = {
     "format": "cmt-tuned-config", "version": 1, "search": "manual", "machine": {"gpu": "test"},
     "h2d": [{"min_bytes": 0, "mode": "pass"},
-            {"min_bytes": 1 << 20, "threads": 4, "buffers": 8, "chunk_bytes": 1 << 18, "gbps": 40.0}],
+            {"min_bytes": 1 << 20, "threads": 4, "buffers": 8, "chunk_bytes": 1 << 18, "gbps": 40.0},
+            {"min_bytes": 64 << 20, "threads": 8, "buffers": 4, "chunk_bytes": 1 << 22, "stores": "stream"}],
     "d2h": [{"min_bytes": 2 << 20, "threads": 8, "buffers": 16, "chunk_bytes": 1 << 20}],
 }
 
@@ -27,7 +28,7 @@ def write(tmp_path, doc) -> str:
 def test_good_file_round_trips_through_the_native_parser(tmp_path):
     conf = cfg.load(write(tmp_path, GOOD))
     plan = conf.to_plan()
-    assert plan == "h2d:0=pass;h2d:1048576=4,8,262144;d2h:2097152=8,16,1048576"
+    assert plan == "h2d:0=pass;h2d:1048576=4,8,262144;h2d:67108864=8,4,4194304,stream;d2h:2097152=8,16,1048576"
     native.configure(plan)
     assert native.active_plan() == plan
     assert conf.rule_for("h2d", 5 << 20).threads == 4
@@ -35,6 +36,7 @@ def test_good_file_round_trips_through_the_native_parser(tmp_path):
     # measured figures survive a save/load
     saved = cfg.save(conf, tmp_path / "again.json")
     assert cfg.load(saved).rules["h2d"][1].extra == {"gbps": 40.0}
+    assert cfg.load(saved).to_plan() == plan and cfg.from_plan(plan).to_plan() == plan
 
 
 @pytest.mark.parametrize("doc,message", [
@@ -50,6 +52,7 @@ def test_good_file_round_trips_through_the_native_parser(tmp_path):
     ({**GOOD, "d2h": [{"min_bytes": 5, "mode": "pass"}, {"min_bytes": 5, "mode": "pass"}]}, "increasing"),
     ({**GOOD, "d2h": [{"min_bytes": -1, "mode": "pass"}]}, "d2h[0].min_bytes"),
     ({**GOOD, "d2h": [{"min_bytes": 0, "mode": "fast"}]}, "expected 'pass' or 'stage'"),
+    ({**GOOD, "d2h": [{"min_bytes": 0, "threads": 2, "buffers": 2, "chunk_bytes": 4096, "stores": "nt"}]}, "stores"),
     ({**GOOD, "d2h": [{"min_bytes": 0, "threads": True, "buffers": 2, "chunk_bytes": 4096}]}, "threads"),
 ])
 def test_corrupt_files_get_clear_errors(tmp_path, doc, message):
@@ -86,7 +89,8 @@ def test_native_defaults_parse_back():
     assert cfg.from_plan(plan).to_plan() == plan
 
 
-@pytest.mark.parametrize("plan", ["x2d:0=pass", "h2d:0=1,1", "h2d:0=65,65,4096", "h2d:0=2,2,1024", "h2d:a=pass"])
+@pytest.mark.parametrize("plan", ["x2d:0=pass", "h2d:0=1,1", "h2d:0=65,65,4096", "h2d:0=2,2,1024", "h2d:a=pass",
+                                  "h2d:0=2,2,4096,fast"])
 def test_native_rejects_bad_plans(plan):
     with pytest.raises(CmtError):
         native.configure(plan)

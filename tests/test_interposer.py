@@ -58,8 +58,9 @@ def server(fake_driver_dir):
     s.close()
 
 
-# Ramped blocks (8K, 16K, 32K, then 64K, down to 8K at the end) of 4 KiB pieces over 3 threads.
-RAMPED_PLAN = "h2d:1=3,5,65536;d2h:1=3,5,65536"
+# Ramped blocks (8K, 16K, 32K, then 64K, down to 8K at the end) of 4 KiB pieces over 3 threads,
+# filled and drained with streaming stores.
+RAMPED_PLAN = "h2d:1=3,5,65536,stream;d2h:1=3,5,65536,stream"
 
 
 @pytest.fixture(scope="module")

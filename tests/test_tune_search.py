@@ -8,6 +8,7 @@ import json
 import math
 import random
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -249,12 +250,14 @@ def test_search_on_the_real_h200_sweep():
     rng = random.Random(7)
 
     def measure(d, n, s):
+        # The sweep measured cached stores only: the other store mode is taken to be the same.
+        s = s if s is None else replace(s, stream_stores=False)
         return (default[(d, n)] if s is None else table[(d, n, s)]) * (1 + rng.gauss(0, 0.02))
 
     for (d, n), _ in default.items():
         here = {s: g for (dd, nn, s), g in table.items() if (dd, nn) == (d, n)}
         r = search.search_size(measure, d, n, list(here))
-        assert here[r.settings] >= 0.97 * max(here.values()), (d, n)
+        assert here[replace(r.settings, stream_stores=False)] >= 0.97 * max(here.values()), (d, n)
 
 
 # -- the shipped profile -----------------------------------------------------------------------------

@@ -44,13 +44,13 @@ CMT_EXPORT int cmt_stats_json(char* buf, size_t len) { return copy_string(stats_
 
 // One host<->device copy with stream semantics like cuMemcpy{HtoD,DtoH}Async_v2.
 // dir: 0 host-to-device, 1 device-to-host. threads == 0: the active plan decides (pass-through
-// included); otherwise stage with these settings. *outcome (if given) says what happened, as an
+// included); otherwise stage with these settings (stream_stores: non-temporal buffer fills). *outcome (if given) says what happened, as an
 // index into the outcome names of cmt_outcome_name().
 CMT_EXPORT CUresult cmt_memcpy(int dir, void* host, CUdeviceptr device, size_t bytes, CUstream stream,
-                               int threads, int buffers, size_t chunk, int* outcome) {
+                               int threads, int buffers, size_t chunk, int stream_stores, int* outcome) {
   const Driver& d = driver(/*load_if_absent=*/true);
   if (!d.ok) return CUDA_ERROR_NOT_INITIALIZED;
-  Settings forced{threads, buffers, chunk};
+  Settings forced{threads, buffers, chunk, stream_stores != 0};
   CopyCall call{dir == 0 ? Direction::HtoD : Direction::DtoH, static_cast<char*>(host), device, bytes, stream,
                 DefaultStream::Legacy, threads > 0 ? &forced : nullptr};
   CUresult r = CUDA_SUCCESS;

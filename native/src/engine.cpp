@@ -132,6 +132,7 @@ struct Job {
   std::atomic<size_t> next{0};
   std::atomic<size_t> fault_next{0};  // destination bytes below this are faulted in or being so
   bool prefault = false;              // device-to-host into memory not faulted in yet
+  bool stream_stores = false;         // Settings::stream_stores
   std::atomic<int> remaining{0};
   std::atomic<CUresult> error{CUDA_SUCCESS};
 
@@ -356,7 +357,7 @@ bool Engine::process_htod(size_t p) {
   // The slot is free once the DMA of its previous round (or of an earlier copy) has read it.
   if (!wait_issued(s, round - 1) || !wait_done(s, round - 1)) return false;
   size_t off = i * job_.piece, len = std::min(job_.piece, job_.block_len(b) - off);
-  copy_stream(static_cast<char*>(s.mem) + off, job_.host + job_.block_off[b] + off, len);
+  copy_stream(static_cast<char*>(s.mem) + off, job_.host + job_.block_off[b] + off, len, job_.stream_stores);
   if (s.pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // this lane completed the block
     CUresult r = queue_dma(b);
     if (r != CUDA_SUCCESS) {
@@ -391,7 +392,7 @@ bool Engine::process_dtoh(size_t p) {
   char* dst = job_.host + job_.block_off[b] + off;
   if (job_.prefault) fault_ahead(job_.block_off[b] + off + len + kFaultLookahead);
   if (!wait_issued(s, round) || !wait_done(s, round)) return false;
-  copy_stream(dst, static_cast<char*>(s.mem) + off, len);
+  copy_stream(dst, static_cast<char*>(s.mem) + off, len, job_.stream_stores);
   if (s.pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // slot drained: refill it
     size_t next = b + job_.slots;
     if (next < job_.blocks) {
@@ -452,6 +453,7 @@ CUresult Engine::copy(const CopyRequest& req) {
   last_ctx_ = req.ctx;
 
   j.dir = req.dir;
+  j.stream_stores = st.stream_stores;
   j.ctx = req.ctx;
   j.res = res;
   j.host = req.host;

@@ -4,9 +4,10 @@
 
 namespace cmt {
 
-// memcpy, or with CMT_COPY=stream non-temporal (streaming) stores where the CPU has AVX2: the
-// destination's cache lines are then not read first, which saves memory traffic when the
-// staging ring does not fit in the last-level cache.
-void copy_stream(void* dst, const void* src, size_t n);
+// memcpy, or with `streaming` non-temporal stores where the CPU has AVX2: the destination's
+// cache lines are then neither read first nor kept in cache. Which wins depends on the machine
+// and the copy size (on the H200 host: streaming for host-to-device at 64 MiB, plain memcpy at
+// 1 GiB), so it is a per-rule setting of the plan. CMT_COPY=stream|memcpy overrides it.
+void copy_stream(void* dst, const void* src, size_t n, bool streaming);
 
 }  // namespace cmt

@@ -59,6 +59,10 @@ bool Plan::parse(const char* text, std::string* error) {
       if (c < kMinChunk || c > kMaxChunk) return fail(error, "chunk_bytes must be 4 KiB..256 MiB");
       r.pass = false;
       r.settings = Settings{static_cast<int>(t), static_cast<int>(b), c};
+      if (!strncmp(p, ",stream", 7)) {
+        r.settings.stream_stores = true;
+        p += 7;
+      }
     }
     if (*p && *p != ';') return fail(error, std::string("unexpected text at '") + p + "'");
     parsed.rules_[static_cast<int>(dir)].push_back(r);
@@ -118,7 +122,7 @@ std::string Plan::to_string() const {
         s += "pass";
       } else {
         s += std::to_string(r.settings.threads) + "," + std::to_string(r.settings.buffers) + "," +
-             std::to_string(r.settings.chunk);
+             std::to_string(r.settings.chunk) + (r.settings.stream_stores ? ",stream" : "");
       }
     }
   }

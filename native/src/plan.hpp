@@ -3,7 +3,7 @@
 // (CMT_PLAN), so the native side never parses JSON.
 //
 //   plan  := rule (';' rule)*
-//   rule  := dir ':' min_bytes '=' ( 'pass' | threads ',' buffers ',' chunk_bytes )
+//   rule  := dir ':' min_bytes '=' ( 'pass' | threads ',' buffers ',' chunk_bytes [ ',stream' ] )
 //   dir   := 'h2d' | 'd2h'
 // A rule applies from its min_bytes up to the next rule's min_bytes of the same direction.
 // Sizes below the first rule pass through.
@@ -22,6 +22,7 @@ struct Settings {
   int threads = 0;    // worker lanes (the calling thread is one of them)
   int buffers = 0;    // pinned staging buffers in the ring (blocks in flight)
   size_t chunk = 0;   // bytes per staging buffer and per DMA
+  bool stream_stores = false;  // fill/drain buffers with non-temporal stores (fast_copy.hpp)
 };
 
 struct Rule {

@@ -17,7 +17,9 @@ Each direction lists rules by increasing `min_bytes`; a rule covers copies from 
 up to the next rule's. A rule either passes copies to the driver (`"mode": "pass"`) or stages
 them with `threads` worker threads (the calling thread is one, 1..64) and a ring of `buffers`
 pinned staging buffers (1..64) of `chunk_bytes` each (4 KiB..256 MiB); each buffer carries one
-DMA, filled or drained by all threads together. Copies below the first rule
+DMA, filled or drained by all threads together. `"stores": "stream"` (optional; default
+`"cached"`) fills or drains the buffers with non-temporal stores, which wins on some machines and
+sizes (cmt tune tries it). Copies below the first rule
 pass through. Rules may carry measured figures (`gbps`, `gain`), which cmt ignores when running.
 
 The native library never parses JSON: `to_plan()` turns the rules into the compact string it
@@ -56,6 +58,7 @@ class Rule:
     threads: int = 0  # 0: pass through
     buffers: int = 0
     chunk_bytes: int = 0
+    stream_stores: bool = False  # "stores": "stream": fill/drain buffers with non-temporal stores
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -68,6 +71,8 @@ class Rule:
             base["mode"] = "pass"
         else:
             base.update(threads=self.threads, buffers=self.buffers, chunk_bytes=self.chunk_bytes)
+            if self.stream_stores:
+                base["stores"] = "stream"
         return {**base, **self.extra}
 
 
@@ -83,7 +88,8 @@ class TunedConfig:
         parts = []
         for direction in DIRECTIONS:
             for r in self.rules.get(direction, []):
-                what = "pass" if r.passes else f"{r.threads},{r.buffers},{r.chunk_bytes}"
+                what = "pass" if r.passes else f"{r.threads},{r.buffers},{r.chunk_bytes}" + (
+                    ",stream" if r.stream_stores else "")
                 parts.append(f"{direction}:{r.min_bytes}={what}")
         return ";".join(parts)
 
@@ -104,7 +110,7 @@ class TunedConfig:
         return doc
 
 
-_RULE_KEYS = {"min_bytes", "mode", "threads", "buffers", "chunk_bytes"}
+_RULE_KEYS = {"min_bytes", "mode", "threads", "buffers", "chunk_bytes", "stores"}
 
 
 def _int(value: Any, where: str, lo: int, hi: int) -> int:
@@ -126,7 +132,10 @@ def _parse_rule(raw: Any, where: str) -> Rule:
     threads = _int(raw.get("threads"), f"{where}.threads", 1, MAX_THREADS)
     buffers = _int(raw.get("buffers"), f"{where}.buffers", 1, MAX_BUFFERS)
     chunk = _int(raw.get("chunk_bytes"), f"{where}.chunk_bytes", MIN_CHUNK, MAX_CHUNK)
-    return Rule(min_bytes, threads, buffers, chunk, extra)
+    stores = raw.get("stores", "cached")
+    if stores not in ("cached", "stream"):
+        raise CmtError(f"{where}.stores: expected 'cached' or 'stream', got {stores!r}")
+    return Rule(min_bytes, threads, buffers, chunk, stores == "stream", extra)
 
 
 def parse(doc: Any, source: str = "tuned file") -> TunedConfig:
@@ -210,8 +219,8 @@ def from_plan(plan: str, search: str = "default") -> TunedConfig:
         if what == "pass":
             rules[direction].append(Rule(int(min_bytes)))
         else:
-            t, b, c = (int(x) for x in what.split(","))
-            rules[direction].append(Rule(int(min_bytes), t, b, c))
+            t, b, c, *flags = what.split(",")
+            rules[direction].append(Rule(int(min_bytes), int(t), int(b), int(c), "stream" in flags))
     return TunedConfig(rules, search)
 
 

@@ -39,7 +39,7 @@ def load() -> ctypes.CDLL:
         fn.restype = ctypes.c_int
     lib.cmt_memcpy.argtypes = [
         ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p,
-        ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int),
+        ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
     ]
     lib.cmt_memcpy.restype = ctypes.c_int
     lib.cmt_outcome_name.argtypes = [ctypes.c_int]
@@ -77,11 +77,11 @@ class CopyResult(int):
 
 
 def memcpy(direction: str, host: int, device: int, nbytes: int, stream: int = 0,
-           threads: int = 0, buffers: int = 0, chunk: int = 0) -> CopyResult:
+           threads: int = 0, buffers: int = 0, chunk: int = 0, stream_stores: bool = False) -> CopyResult:
     """One copy through the engine: direction 'h2d' or 'd2h'; threads=0 lets the plan decide."""
     outcome = ctypes.c_int(-1)
     r = load().cmt_memcpy(0 if direction == "h2d" else 1, host, device, nbytes, stream,
-                          threads, buffers, chunk, ctypes.byref(outcome))
+                          threads, buffers, chunk, int(stream_stores), ctypes.byref(outcome))
     result = CopyResult(r)
     result.outcome = load().cmt_outcome_name(outcome.value).decode()
     return result

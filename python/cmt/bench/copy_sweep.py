@@ -39,6 +39,7 @@ class EngineSettings:
     threads: int
     buffers: int
     chunk: int
+    stream_stores: bool = False  # non-temporal buffer fills (a per-rule engine setting)
 
 
 @dataclass
@@ -74,7 +75,7 @@ class Result:
             doc["threads"] = self.threads
         if self.settings is not None:
             doc["settings"] = {"threads": self.settings.threads, "buffers": self.settings.buffers,
-                               "chunk_bytes": self.settings.chunk}
+                               "chunk_bytes": self.settings.chunk, "stream_stores": self.settings.stream_stores}
         if self.outcome is not None:
             doc["outcome"] = self.outcome
         return doc
@@ -196,7 +197,7 @@ class CopyBench:
     def _engine(self, direction: str, host: int, n: int, settings: EngineSettings | None) -> str:
         s = settings or EngineSettings(0, 0, 0)
         r = native.memcpy("h2d" if direction == "h2d" else "d2h", host, self.dev, n, self.stream,
-                          s.threads, s.buffers, s.chunk)
+                          s.threads, s.buffers, s.chunk, s.stream_stores)
         if r != cuda.CUDA_SUCCESS:
             raise cuda.CudaError("cmt_memcpy", int(r), self.drv.error_name(int(r)))
         self.drv.stream_synchronize(self.stream)

@@ -231,7 +231,7 @@ class _Job:
                 if rule.passes:
                     was = x.pageable_gbps
                 else:
-                    s = EngineSettings(rule.threads, rule.buffers, rule.chunk_bytes)
+                    s = EngineSettings(rule.threads, rule.buffers, rule.chunk_bytes, rule.stream_stores)
                     if staged_now and s == x.settings:
                         was = after
                     else:
@@ -265,11 +265,11 @@ def _active_plan() -> str:
 
 
 def _settings_text(s: EngineSettings) -> str:
-    return f"{s.threads} thr {s.buffers}x{format_size(s.chunk)}"
+    return f"{s.threads} thr {s.buffers}x{format_size(s.chunk)}" + (" nt" if s.stream_stores else "")
 
 
-def _settings_json(s: EngineSettings) -> dict[str, int]:
-    return {"threads": s.threads, "buffers": s.buffers, "chunk_bytes": s.chunk}
+def _settings_json(s: EngineSettings) -> dict[str, int | bool]:
+    return {"threads": s.threads, "buffers": s.buffers, "chunk_bytes": s.chunk, "stream_stores": s.stream_stores}
 
 
 def _progress(console):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..bench.copy_sweep import EngineSettings
 from ..config import Rule
@@ -177,6 +177,15 @@ def _least_resources(s: _Samples, best: EngineSettings, opts: Options) -> Engine
     return best
 
 
+def _store_mode(s: _Samples, best: EngineSettings, opts: Options) -> EngineSettings:
+    """The winner again with the other store mode (streaming vs cached buffer fills): it depends on
+    the machine's caches and the copy size, not on the rest of the settings, so one try suffices."""
+    other = replace(best, stream_stores=not best.stream_stores)
+    if s.top_up(other, opts.final_samples) > (1 + opts.within) * s.median(best):
+        return other
+    return best
+
+
 def search_size(measure: Measure, direction: str, nbytes: int, grid: Iterable[EngineSettings],
                 opts: Options = Options(), tick: Tick | None = None) -> SizeResult:
     grid = list(grid)
@@ -186,6 +195,7 @@ def search_size(measure: Measure, direction: str, nbytes: int, grid: Iterable[En
         return SizeResult(direction, nbytes, None, 0.0, pageable, 0, s.count)
     finalists = _halve(s, grid, opts)
     best = max(finalists, key=lambda c: (s.median(c), [-x for x in resource(c)]))
+    best = _store_mode(s, best, opts)
     chosen = _least_resources(s, best, opts)
     return SizeResult(direction, nbytes, chosen, s.median(chosen), pageable, len(grid), s.count)
 
@@ -265,13 +275,14 @@ def rules(result: DirectionResult) -> list[Rule]:
         start = result.threshold if i == 0 else r.nbytes
         extra = {"gbps": round(r.gbps, 2), "gain": round(r.gain, 2), "pageable_gbps": round(r.pageable_gbps, 2),
                  "measured_bytes": r.nbytes}
-        out.append(Rule(start, r.settings.threads, r.settings.buffers, r.settings.chunk, extra))
+        out.append(Rule(start, r.settings.threads, r.settings.buffers, r.settings.chunk,
+                        r.settings.stream_stores, extra))
     return out
 
 
 def planned_measurements(n_candidates: int, opts: Options = Options()) -> int:
     """Samples one size's search takes before the resource pass (for the progress bar)."""
-    total, alive, have, rung = opts.final_samples, n_candidates, 0, 0
+    total, alive, have, rung = 2 * opts.final_samples, n_candidates, 0, 0  # + the store-mode try
     if n_candidates == 0:
         return total
     while alive > opts.finalists:
