@@ -422,7 +422,8 @@ CUresult Engine::copy(const CopyRequest& req) {
   size_t block = std::clamp(st.chunk, kMinChunk, kMaxChunk);
   int threads = std::clamp(st.threads, 1, kMaxThreads);
   // Pieces: the block shared out over the lanes, at least 64 KiB so per-piece costs stay small.
-  size_t piece = static_cast<size_t>(env_long("CMT_PIECE", 0));
+  static const size_t piece_override = static_cast<size_t>(std::max(0L, env_long("CMT_PIECE", 0)));
+  size_t piece = piece_override;  // the environment is read once, not on every copy
   if (!piece) piece = std::max<size_t>(64 << 10, (block / threads + 4095) & ~size_t(4095));
   piece = std::min(piece, block);
   static const bool ramp = env_long("CMT_RAMP", 1) != 0;

@@ -137,14 +137,6 @@ size_t Plan::max_chunk() const {
   return m;
 }
 
-int Plan::max_threads() const {
-  int m = 0;
-  for (const auto& rules : rules_)
-    for (const auto& r : rules)
-      if (!r.pass) m = std::max(m, r.settings.threads);
-  return m;
-}
-
 namespace {
 std::atomic<const Plan*> g_plan{nullptr};
 std::mutex g_plan_mutex;

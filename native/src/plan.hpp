@@ -46,7 +46,6 @@ class Plan {
   const Rule& lookup(Direction d, size_t n) const;
   std::string to_string() const;
   size_t max_chunk() const;
-  int max_threads() const;
 
  private:
   std::vector<Rule> rules_[kDirections];  // sorted by min_bytes

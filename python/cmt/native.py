@@ -66,10 +66,6 @@ def configure(plan: str) -> None:
         raise CmtError(f"invalid plan {plan!r}: {err.value.decode()}")
 
 
-def stats_json() -> str:
-    return _read_string(load().cmt_stats_json)
-
-
 class CopyResult(int):
     """CUresult of an engine copy, with what cmt did (`outcome`: accelerated, below_minimum, ...)."""
 
