@@ -2,7 +2,7 @@
 # One call on the GPU machine: install cmt, run the named steps, pack every result into
 # $OUT/results.tar.gz (the device tool brings back at most 8 files) and print short summaries.
 #   bash benchmarks/gpu_session.sh gputests core benchcopy
-# Steps: gputests core benchcopy workloads profiles tune variants sweep
+# Steps: gputests core benchcopy workloads profiles tune variants sweep timeline
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/cmt-out}
@@ -36,6 +36,7 @@ for step in "$@"; do
           --directions h2d,d2h --out "$R/copy-tuned-$t" 2>&1 | tail -22
       done ;;
     variants) timeout 300 python3 benchmarks/explore_variants.py "$R/variants.json" 2>&1 | tail -8 ;;
+    timeline) timeout 300 python3 benchmarks/explore_timeline.py --out "$R/timeline.json" 2>&1 | tail -60 ;;
     sweep) timeout 300 python3 benchmarks/explore_engine.py --out "$R/engine-sweep.json" 2>&1 | grep -E "size|best" ;;
     *) echo "unknown step $step" ;;
   esac

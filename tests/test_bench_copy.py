@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -163,6 +164,7 @@ def test_engine_measurement_with_explicit_settings(run_python):
     """What `cmt tune` calls: measure() with EngineSettings on an open device."""
     code = """
 import json
+import time
 from cmt import cuda
 from cmt.bench import copy_sweep
 drv = cuda.load()
@@ -213,3 +215,35 @@ def test_real_gpu_quick_sweep(tmp_path: Path):
     assert all(r["verified"] for r in doc["results"])
     pinned = [r for r in doc["results"] if r["mode"] == "pinned" and r["bytes"] == 64 << 20]
     assert all(r["median_gbps"] > 1 for r in pinned)
+
+
+def test_engine_timeline_shows_every_lane_and_block(run_python):
+    """CMT_TRACE=1: the last copy's steps, as used to tune the engine on a GPU machine."""
+    code = """
+import json, time
+from cmt import cuda, native
+from cmt.bench import copy_sweep
+drv = cuda.load()
+dev = drv.open_device(0)
+with copy_sweep.CopyBench(drv, dev, 8 << 20) as b:
+    t0 = time.monotonic_ns()
+    for direction in ("h2d", "d2h"):
+        b.copy_seconds("cmt", direction, 8 << 20, copy_sweep.EngineSettings(3, 4, 1 << 20))
+        tl = native.last_timeline()
+        tl["t0"] = t0
+        print(json.dumps(tl))
+"""
+    proc = run_python(code, env={"CMT_TRACE": "1", "CMT_RAMP": "0"})
+    assert proc.returncode == 0, proc.stderr
+    for direction, line in enumerate(proc.stdout.strip().splitlines()[-2:]):
+        tl = json.loads(line)
+        assert tl["direction"] == direction and tl["bytes"] == 8 << 20 and tl["blocks"] == 8 and tl["lanes"] == 3
+        steps = tl["steps"]
+        names = [s[2] for s in steps]
+        assert names[0] == "copy_start" and names[-1] == "copy_end"
+        assert sorted(s[1] for s in steps if s[2] == "lane_start") == [0, 1, 2]
+        assert sorted(s[3] for s in steps if s[2] == "dma_queued") == list(range(8))
+        times = [s[0] for s in steps]
+        assert tl["t0"] <= times[0] <= times[-1] <= time.monotonic_ns()
+    untraced = run_python("from cmt import native; print(native.last_timeline())")
+    assert untraced.returncode == 0 and untraced.stdout.strip() == "None", untraced.stderr

@@ -7,6 +7,7 @@
 #include "driver.hpp"
 #include "plan.hpp"
 #include "stats.hpp"
+#include "timeline.hpp"
 
 #define CMT_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -41,6 +42,11 @@ CMT_EXPORT int cmt_configure(const char* plan, char* err, size_t err_len) {
 CMT_EXPORT int cmt_active_plan(char* buf, size_t len) { return copy_string(active_plan().to_string(), buf, len); }
 
 CMT_EXPORT int cmt_stats_json(char* buf, size_t len) { return copy_string(stats_json(), buf, len); }
+
+// The steps of the engine's last copy, with CMT_TRACE=1 (see timeline.hpp); "" otherwise.
+CMT_EXPORT int cmt_last_timeline(char* buf, size_t len) {
+  return copy_string(timeline::enabled() ? timeline::last_json() : std::string(), buf, len);
+}
 
 // One host<->device copy with stream semantics like cuMemcpy{HtoD,DtoH}Async_v2.
 // dir: 0 host-to-device, 1 device-to-host. threads == 0: the active plan decides (pass-through

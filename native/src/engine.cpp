@@ -20,6 +20,7 @@
 #include "driver.hpp"
 #include "fast_copy.hpp"
 #include "log.hpp"
+#include "timeline.hpp"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
@@ -53,15 +54,19 @@ std::chrono::microseconds spin_time() {
 // ---- destination pre-faulting ---------------------------------------------------------------
 // Device-to-host into never-touched pages would take one page fault per 4 KiB inside the copy,
 // serialised in the kernel. Instead the lanes fault the destination in ahead of the copy-out,
-// 2 MiB per madvise(MADV_POPULATE_WRITE), in parallel with each other and with the DMAs.
+// 2 MiB per madvise(MADV_POPULATE_WRITE), in parallel with each other and with the DMAs. By
+// default the range's 2 MiB-aligned interior is first made eligible for transparent huge pages
+// (it is about to be written entirely): 512 times fewer faults, measured on the H200 machine at
+// 23 GB/s into fresh memory against 11 with small pages. CMT_PREFAULT=populate keeps small pages,
+// CMT_PREFAULT=none faults inside the copy as CUDA does.
 enum class Prefault { None, Populate, HugePopulate };
 
 Prefault prefault_mode() {
   static const Prefault mode = [] {
     const char* v = getenv("CMT_PREFAULT");
     if (v && !strcmp(v, "none")) return Prefault::None;
-    if (v && !strcmp(v, "huge")) return Prefault::HugePopulate;
-    return Prefault::Populate;
+    if (v && !strcmp(v, "populate")) return Prefault::Populate;
+    return Prefault::HugePopulate;
   }();
   return mode;
 }
@@ -88,8 +93,7 @@ void populate(char* p, size_t len) {
   }
 }
 
-// With CMT_PREFAULT=huge the destination's whole 2 MiB-aligned interior becomes eligible for
-// transparent huge pages first (it is about to be written entirely): 512 times fewer faults.
+// Makes the destination's whole 2 MiB-aligned interior eligible for transparent huge pages.
 void advise_huge_pages(char* p, size_t len) {
   uintptr_t a = (reinterpret_cast<uintptr_t>(p) + kFaultUnit - 1) & ~(kFaultUnit - 1);
   uintptr_t e = (reinterpret_cast<uintptr_t>(p) + len) & ~(kFaultUnit - 1);
@@ -176,7 +180,7 @@ class Engine {
   bool ensure_slots(int slots, size_t bytes);
   void start_worker(int index);
   void worker_main(int index, uint64_t seen);
-  void run_lane();
+  void run_lane(int lane);
   bool process_htod(size_t p);
   bool process_dtoh(size_t p);
   void fault_ahead(size_t upto);
@@ -291,7 +295,7 @@ void Engine::worker_main(int index, uint64_t seen) {
         d_.cuThreadExchangeStreamCaptureMode(&mode);
       }
     }
-    run_lane();
+    run_lane(index);
     job_.remaining.fetch_sub(1, std::memory_order_release);
   }
 }
@@ -332,6 +336,7 @@ bool Engine::wait_done(Slot& s, long round) {
       return false;
     }
   }
+  if (timeline::enabled()) timeline::note(timeline::Step::DmaDone, round * job_.slots + (&s - slots_));
   s.known_done.store(round, std::memory_order_release);
   return true;
 }
@@ -347,6 +352,7 @@ CUresult Engine::queue_dma(size_t b) {
   if (r == CUDA_SUCCESS) r = d_.cuEventRecord(job_.res->slot_event[si], job_.res->stream);
   if (r != CUDA_SUCCESS) return r;
   s.last_event = job_.res->slot_event[si];
+  if (timeline::enabled()) timeline::note(timeline::Step::DmaQueued, static_cast<long>(b));
   return CUDA_SUCCESS;
 }
 
@@ -408,12 +414,18 @@ bool Engine::process_dtoh(size_t p) {
   return true;
 }
 
-void Engine::run_lane() {
+void Engine::run_lane(int lane) {
+  const bool trace = timeline::enabled();
+  if (trace) {
+    timeline::set_lane(lane);
+    timeline::note(timeline::Step::LaneStart);
+  }
   for (;;) {
     size_t p = job_.next.fetch_add(1, std::memory_order_relaxed);
-    if (p >= job_.pieces) return;
-    if (!(job_.dir == Direction::HtoD ? process_htod(p) : process_dtoh(p))) return;
+    if (p >= job_.pieces) break;
+    if (!(job_.dir == Direction::HtoD ? process_htod(p) : process_dtoh(p))) break;
   }
+  if (trace) timeline::note(timeline::Step::LaneEnd);
 }
 
 CUresult Engine::copy(const CopyRequest& req) {
@@ -469,6 +481,11 @@ CUresult Engine::copy(const CopyRequest& req) {
     slots_[s].pending.store(j.pieces_in(s), std::memory_order_relaxed);
   }
   j.fault_next.store(0, std::memory_order_relaxed);
+  int lanes = static_cast<int>(std::min<size_t>(threads, j.pieces));
+  if (timeline::enabled()) {
+    timeline::set_lane(0);
+    timeline::begin(static_cast<int>(req.dir), req.bytes, j.blocks, lanes);
+  }
   // Fresh memory? Probe the middle of the range: malloc writes its chunk header into the first
   // page of a new mapping, so the first page says nothing (PyTorch's .cpu() output is such memory).
   j.prefault = req.dir == Direction::DtoH && prefault_mode() != Prefault::None &&
@@ -488,7 +505,6 @@ CUresult Engine::copy(const CopyRequest& req) {
       slots_[s].issued.store(0, std::memory_order_relaxed);
     }
   }
-  int lanes = static_cast<int>(std::min<size_t>(threads, j.pieces));
   while (workers_ < lanes - 1) start_worker(++workers_);
   j.remaining.store(lanes - 1, std::memory_order_relaxed);
   if (lanes > 1) {
@@ -497,7 +513,7 @@ CUresult Engine::copy(const CopyRequest& req) {
     { std::lock_guard<std::mutex> wake(wake_mutex_); }
     wake_cv_.notify_all();
   }
-  run_lane();
+  run_lane(0);
   auto spin_until = Clock::now() + std::chrono::milliseconds(1);
   while (j.remaining.load(std::memory_order_acquire) != 0) {
     if (Clock::now() < spin_until) cpu_relax();
@@ -511,6 +527,7 @@ CUresult Engine::copy(const CopyRequest& req) {
     err = d_.cuEventRecord(res->done, res->stream);
     if (err == CUDA_SUCCESS) err = d_.cuStreamWaitEvent(req.stream, res->done, 0);
   }
+  if (timeline::enabled()) timeline::note(timeline::Step::CopyEnd);
   return err;
 }
 

@@ -33,7 +33,7 @@ def load() -> ctypes.CDLL:
     lib.cmt_version.restype = ctypes.c_char_p
     lib.cmt_configure.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
     lib.cmt_configure.restype = ctypes.c_int
-    for name in ("cmt_active_plan", "cmt_stats_json"):
+    for name in ("cmt_active_plan", "cmt_stats_json", "cmt_last_timeline"):
         fn = getattr(lib, name)
         fn.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
         fn.restype = ctypes.c_int
@@ -81,3 +81,20 @@ def memcpy(direction: str, host: int, device: int, nbytes: int, stream: int = 0,
     result = CopyResult(r)
     result.outcome = load().cmt_outcome_name(outcome.value).decode()
     return result
+
+
+TIMELINE_STEPS = ("copy_start", "lane_start", "dma_queued", "dma_done", "lane_end", "copy_end")
+
+
+def last_timeline() -> dict | None:
+    """The steps of the engine's last copy in this process (needs CMT_TRACE=1 when it loaded):
+    {"direction", "bytes", "blocks", "lanes", "steps": [(ns, lane, step name, block), ...]}, ns on
+    time.monotonic_ns()'s clock; None when tracing is off."""
+    import json
+
+    text = _read_string(load().cmt_last_timeline)
+    if not text:
+        return None
+    doc = json.loads(text)
+    doc["steps"] = [(ns, lane, TIMELINE_STEPS[step], block) for ns, lane, step, block in doc["steps"]]
+    return doc
