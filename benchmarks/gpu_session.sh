@@ -2,7 +2,9 @@
 # One call on the GPU machine: install cmt, run the named steps, pack every result into
 # $OUT/results.tar.gz (the device tool brings back at most 8 files) and print short summaries.
 #   bash benchmarks/gpu_session.sh gputests core benchcopy
-# Steps: gputests core benchcopy workloads profiles tune variants sweep timeline
+# Steps: gputests torchtests core benchcopy workloads profiles tune (= tuneinstant tunefull tunedcopy)
+#        variants sweep timeline. The archive is rewritten after every step: a call cut short by its
+#        time limit still brings back the steps it finished.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/cmt-out}
@@ -12,10 +14,14 @@ mkdir -p "$OUT" "$R"
   grep -m1 "model name" /proc/cpuinfo; lscpu | grep -iE "L3|numa node\(" ; date -u; } 2>&1 | tee "$R/machine.txt"
 python3 -m pip install --no-build-isolation --no-deps . > "$R/install.log" 2>&1 || { tail -30 "$R/install.log"; exit 1; }
 WORKLOADS=python/cmt/bench/workloads
-for step in "$@"; do
+steps=()
+for s in "$@"; do if [ "$s" = tune ]; then steps+=(tuneinstant tunefull tunedcopy); else steps+=("$s"); fi; done
+for step in "${steps[@]}"; do
   echo "== $step $(date -u +%T)"
   case "$step" in
     gputests) timeout 400 python3 -m pytest -m gpu tests -q -x -p no:cacheprovider 2>&1 | tee "$R/gpu-tests.log" | tail -8 ;;
+    torchtests) timeout 200 python3 -m pytest -m gpu tests/gpu/test_gpu_profile.py -k "profile or torch" -q -x \
+      -p no:cacheprovider tests/gpu/test_gpu_frameworks.py 2>&1 | tee "$R/gpu-tests-torch.log" | tail -8 ;;
     core) timeout 150 python3 benchmarks/core_acceptance.py --out "$R/core-acceptance.json" 2>&1 | tail -16 ;;
     benchcopy) timeout 150 python3 -m cmt bench copy --out "$R/copy" 2>&1 | tail -40 ;;
     workloads) timeout 420 python3 -m cmt bench workloads --out "$R/workloads" 2>&1 | tail -20 ;;
@@ -28,9 +34,9 @@ for step in "$@"; do
           > "$R/profiles/$w.txt" 2>&1
         head -30 "$R/profiles/$w.txt"
       done ;;
-    tune)
-      timeout 30 python3 -m cmt tune --search instant --out "$R/tuned-instant.json" 2>&1 | tail -25
-      timeout 240 python3 -m cmt tune --search full --out "$R/tuned-full.json" 2>&1 | tail -25
+    tuneinstant) timeout 30 python3 -m cmt tune --search instant --out "$R/tuned-instant.json" 2>&1 | tail -25 ;;
+    tunefull) timeout 240 python3 -m cmt tune --search full --out "$R/tuned-full.json" 2>&1 | tail -25 ;;
+    tunedcopy)
       for t in instant full; do
         timeout 150 python3 -m cmt bench copy --config "$R/tuned-$t.json" --modes pageable,pinned,cmt \
           --directions h2d,d2h --out "$R/copy-tuned-$t" 2>&1 | tail -22
@@ -40,5 +46,6 @@ for step in "$@"; do
     sweep) timeout 300 python3 benchmarks/explore_engine.py --out "$R/engine-sweep.json" 2>&1 | grep -E "size|best" ;;
     *) echo "unknown step $step" ;;
   esac
+  tar -C "$R" -czf "$OUT/results.tar.gz.part" . && mv "$OUT/results.tar.gz.part" "$OUT/results.tar.gz"
 done
-tar -C "$R" -czf "$OUT/results.tar.gz" . && ls -la "$OUT"
+ls -la "$OUT"
