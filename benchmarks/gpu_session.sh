@@ -3,7 +3,7 @@
 # $OUT/results.tar.gz (the device tool brings back at most 8 files) and print short summaries.
 #   bash benchmarks/gpu_session.sh gputests core benchcopy
 # Steps: gputests torchtests core benchcopy workloads profiles tune (= tuneinstant tunefull tunedcopy)
-#        variants sweep timeline. The archive is rewritten after every step: a call cut short by its
+#        overhead variants sweep timeline. The archive is rewritten after every step: a call cut short by its
 #        time limit still brings back the steps it finished.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -36,11 +36,12 @@ for step in "${steps[@]}"; do
       done ;;
     tuneinstant) timeout 30 python3 -m cmt tune --search instant --out "$R/tuned-instant.json" 2>&1 | tail -25 ;;
     tunefull) timeout 240 python3 -m cmt tune --search full --out "$R/tuned-full.json" 2>&1 | tail -25 ;;
-    tunedcopy)
+    tunedcopy)  # the tuned files of tuneinstant/tunefull, or of an earlier call (copied into $R)
       for t in instant full; do
         timeout 150 python3 -m cmt bench copy --config "$R/tuned-$t.json" --modes pageable,pinned,cmt \
           --directions h2d,d2h --out "$R/copy-tuned-$t" 2>&1 | tail -22
       done ;;
+    overhead) timeout 120 python3 benchmarks/profile_overhead.py --out "$R/profile-overhead.json" 2>&1 | tail -4 ;;
     variants) timeout 300 python3 benchmarks/explore_variants.py "$R/variants.json" 2>&1 | tail -8 ;;
     timeline) timeout 300 python3 benchmarks/explore_timeline.py --out "$R/timeline.json" 2>&1 | tail -60 ;;
     sweep) timeout 300 python3 benchmarks/explore_engine.py --out "$R/engine-sweep.json" 2>&1 | grep -E "size|best" ;;
