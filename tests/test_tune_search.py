@@ -168,6 +168,37 @@ def test_instant_search_gives_valid_rules_near_the_optimum():
     native.configure(cfg.parse(doc).to_plan())  # the native parser accepts it too
 
 
+def test_shortlist_halves_the_ring_and_adds_the_settings_in_force():
+    n = 1 << 30
+    estimates = {c: model.H200["h2d"].gbps(n, c) for c in grid(n)}
+    prior = EngineSettings(10, 4, 8 * MIB)
+    picks = model.shortlist(estimates, 0.01, prior)
+    assert picks[0] == search.choose(estimates, 0.01) and picks[-1] == prior
+    rings = [c.buffers * c.chunk for c in picks[:-1]]
+    assert len(picks) == model.SHORTLIST + 1 and all(b <= a // 2 for a, b in zip(rings, rings[1:], strict=False))
+    assert model.shortlist(estimates, 0.01, picks[1]) == picks[:model.SHORTLIST]  # no duplicates
+    assert model.shortlist({}, 0.01, prior) == [prior] and model.shortlist({}, 0.01) == []
+
+
+def test_instant_search_measures_past_what_the_model_misses():
+    """The machine punishes staging rings over 64 MiB (they spill the caches, as on the H200);
+    the model knows nothing of it, but its short-list is measured, so the search still lands close
+    to the real best."""
+
+    class Spilling(Simulated):
+        def truth(self, direction, nbytes, s):
+            g = super().truth(direction, nbytes, s)
+            return g * 0.6 if s is not None and s.buffers * s.chunk > 64 * MIB else g
+
+    sim = Spilling(noise=0.02, seed=5)
+    sizes = [256 * MIB, 1 << 30]
+    result, _ = model.search_direction(sim, _probe_from(model.H200["h2d"]), "h2d", sizes, grid, search.INSTANT)
+    for r in result.sizes:
+        best = max(sim.truth("h2d", r.nbytes, c) for c in grid(r.nbytes))
+        assert r.settings.buffers * r.settings.chunk <= 64 * MIB
+        assert sim.truth("h2d", r.nbytes, r.settings) >= 0.95 * best
+
+
 # -- the full search --------------------------------------------------------------------------------
 @pytest.mark.parametrize("direction", ["h2d", "d2h"])
 def test_noiseless_search_finds_exactly_the_least_resources_within_one_percent(direction):

@@ -183,8 +183,9 @@ class _Job:
                     results[d] = search.search_direction(m, d, self.sizes, grid, opts, tick)
                 else:
                     tick(f"{d} probe")
-                    results[d], fitted = model.search_direction(m, m.probe(d, cores), d, self.sizes, grid,
-                                                                opts, tick)
+                    results[d], fitted = model.search_direction(
+                        m, m.probe(d, cores), d, self.sizes, grid, opts, tick,
+                        prior=functools.partial(_settings_of, old, d))
                     models[d] = fitted.to_json()
             for d, r in results.items():
                 for x in r.sizes:
@@ -209,16 +210,16 @@ class _Job:
                                {"tuning": tuning})
 
     def _planned(self, grid, opts) -> int:
-        from . import search
+        from . import model, search
 
-        per_size = [(search.planned_measurements(len(grid(n)), opts) if self.kind == "full" else 2 * opts.final_samples)
-                     + opts.final_samples for n in self.sizes]
+        instant = 2 * opts.final_samples + (model.SHORTLIST + 1) * opts.shortlist_samples
+        per_size = [(search.planned_measurements(len(grid(n)), opts) if self.kind == "full" else instant)
+                    + opts.final_samples for n in self.sizes]
         return len(self.directions) * (sum(per_size) + 2 * opts.final_samples * opts.threshold_steps + len(self.sizes))
 
     def _compare(self, m, results: dict[str, DirectionResult], old: cfg.TunedConfig, before: cfg.Selection,
                  opts, tick) -> None:
         """The before/after rows: the driver, the configuration in force before, the new one."""
-        from ..bench.copy_sweep import EngineSettings
         from .search import median
 
         label = before.path.name if before.path else "defaults"
@@ -227,19 +228,17 @@ class _Job:
                 staged_now = r.threshold is not None and x.nbytes >= r.threshold and x.settings is not None
                 after = x.gbps if staged_now else x.pageable_gbps
                 after_what = _settings_text(x.settings) if staged_now else "pass"
-                rule = old.rule_for(d, x.nbytes)
-                if rule.passes:
+                s = _settings_of(old, d, x.nbytes)
+                if s is None:
                     was = x.pageable_gbps
+                elif staged_now and s == x.settings:
+                    was = after
                 else:
-                    s = EngineSettings(rule.threads, rule.buffers, rule.chunk_bytes, rule.stream_stores)
-                    if staged_now and s == x.settings:
-                        was = after
-                    else:
-                        samples = []
-                        for _ in range(opts.final_samples):
-                            samples.append(m(d, x.nbytes, s))
-                            tick(f"{d} {format_size(x.nbytes)} {label}")
-                        was = median(samples)
+                    samples = []
+                    for _ in range(opts.final_samples):
+                        samples.append(m(d, x.nbytes, s))
+                        tick(f"{d} {format_size(x.nbytes)} {label}")
+                    was = median(samples)
                 self.rows.append(_Row(d, x.nbytes, x.pageable_gbps, was, after, after_what))
         self.before_label = label
 
@@ -256,6 +255,14 @@ class _Job:
                       r.after_what, f"{r.after / r.pageable:.2f}x" if r.pageable else "-",
                       f"{r.after / r.before:.2f}x" if r.before else "-")
         return t
+
+
+def _settings_of(config: cfg.TunedConfig, direction: str, nbytes: int):
+    """The staging settings `config` uses for this copy (None: it passes the copy through)."""
+    from ..bench.copy_sweep import EngineSettings
+
+    rule = config.rule_for(direction, nbytes)
+    return None if rule.passes else EngineSettings(rule.threads, rule.buffers, rule.chunk_bytes, rule.stream_stores)
 
 
 def _active_plan() -> str:

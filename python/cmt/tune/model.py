@@ -21,9 +21,13 @@ first block's fill and the last one's drain are not overlapped:
 What each parameter is measured by (measure.py, `probe`): the link and DMA cost from pinned copies
 at two sizes, lane and memory bandwidth from CPU memcpy with one and many threads, the per-block
 costs from engine copies cut into many small blocks at two thread counts, the per-copy cost from a
-one-block engine copy. The instant search evaluates the model over the same grid as the full search
-and takes the least resources within 1% of the predicted best (search.choose); the chosen settings
-are then measured for real against the driver's copy, which decides pass-through and gives `gbps`.
+one-block engine copy. The instant search evaluates the model over the same grid as the full search,
+short-lists its choice (the least resources within 1% of the predicted best, search.choose), its
+next best guesses with other staging rings and the settings in force, measures those few side by
+side and keeps the best; that is then measured against the driver's copy, which decides
+pass-through and gives `gbps`. (On the H200 the model alone chose 16 x 16 MiB rings for 256 MiB
+and 1 GiB copies, which ran at 30 GB/s where 4 x 8 MiB runs at 52: the model has no term for a
+ring that spills the caches.)
 """
 
 from __future__ import annotations
@@ -167,15 +171,42 @@ def fit(p: Probe) -> PipelineModel:
     return model
 
 
+SHORTLIST = 3  # the model's guesses measured per size (plus the settings in force)
+
+
+def shortlist(estimates: dict[EngineSettings, float], within: float, prior: EngineSettings | None = None,
+              size: int = SHORTLIST) -> list[EngineSettings]:
+    """What the instant search measures for one size: the model's choice (the least resources
+    within `within` of its best), then its best predictions with a half, a quarter... of that
+    staging ring (buffers x chunk): the model favours large rings, and a ring that spills the CPU
+    caches is what it knows nothing about; then `prior` (the settings in force)."""
+    if not estimates:
+        return [prior] if prior else []
+    picked = [search.choose(estimates, within)]
+    ring = picked[0].buffers * picked[0].chunk
+    while len(picked) < size:
+        ring //= 2
+        smaller = [c for c in estimates if c.buffers * c.chunk <= ring]
+        if not smaller:
+            break
+        picked.append(search.choose({c: estimates[c] for c in smaller}, within))
+    if prior is not None and prior not in picked:
+        picked.append(prior)
+    return picked
+
+
 def search_direction(measure: search.Measure, probe: Probe, direction: str, sizes: list[int],
                      grid: Callable[[int], list[EngineSettings]], opts: search.Options = search.DEFAULTS,
-                     tick: search.Tick | None = None) -> tuple[search.DirectionResult, PipelineModel]:
-    """The instant search for one direction: fit the model, let it choose per size, then measure
-    each choice against the driver's copy (which decides pass-through and gives `gbps`)."""
+                     tick: search.Tick | None = None,
+                     prior: Callable[[int], EngineSettings | None] | None = None
+                     ) -> tuple[search.DirectionResult, PipelineModel]:
+    """The instant search for one direction: fit the model, let it short-list settings per size,
+    measure those side by side (with `prior(size)`, the settings in force, if given) and take the
+    best against the driver's copy (which decides pass-through and gives `gbps`)."""
     fitted = fit(probe)
     results = []
     for n in sorted(set(sizes)):
         candidates = grid(n)
-        chosen = search.choose({c: fitted.gbps(n, c) for c in candidates}, opts.within) if candidates else None
-        results.append(search.confirm(measure, direction, n, chosen, len(candidates), opts, tick))
+        picks = shortlist({c: fitted.gbps(n, c) for c in candidates}, opts.within, prior(n) if prior else None)
+        results.append(search.pick_measured(measure, direction, n, picks, len(candidates), opts, tick))
     return search.direction_result(direction, results, opts), fitted

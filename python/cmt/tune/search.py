@@ -49,6 +49,7 @@ class Options:
     resource_checks: int = 12        # at most this many cheaper candidates re-measured
     win_margin: float = 0.03         # staging must beat pass-through by 3% to be used
     threshold_steps: int = 3         # bisection steps for the pass-through threshold
+    shortlist_samples: int = 3       # instant search: samples per short-listed candidate
 
 
 DEFAULTS = Options()
@@ -230,6 +231,23 @@ def confirm(measure: Measure, direction: str, nbytes: int, settings: EngineSetti
     pageable = s.top_up(None, opts.final_samples)
     staged = s.top_up(settings, opts.final_samples) if settings is not None else 0.0
     return SizeResult(direction, nbytes, settings, staged, pageable, n_candidates, s.count)
+
+
+def pick_measured(measure: Measure, direction: str, nbytes: int, shortlist: Sequence[EngineSettings],
+                  n_candidates: int, opts: Options = Options(), tick: Tick | None = None) -> SizeResult:
+    """The instant search's last step: a few candidates measured side by side (the model's best
+    guesses and the settings in force), the best median wins and is measured against the driver's
+    copy. A model misses what it does not describe (a staging ring that spills the CPU caches, say);
+    a few samples of each guess catch that for little time."""
+    s = _Samples(measure, direction, nbytes, tick)
+    pageable = s.top_up(None, opts.final_samples)
+    if not shortlist:
+        return SizeResult(direction, nbytes, None, 0.0, pageable, n_candidates, s.count)
+    for c in shortlist:
+        s.top_up(c, opts.shortlist_samples)
+    best = max(shortlist, key=lambda c: (s.median(c), [-x for x in resource(c)]))
+    staged = s.top_up(best, max(opts.final_samples, opts.shortlist_samples))
+    return SizeResult(direction, nbytes, best, staged, pageable, n_candidates, s.count)
 
 
 def first_staged(results: Sequence[SizeResult], opts: Options) -> int:
