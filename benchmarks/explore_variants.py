@@ -16,7 +16,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 KEYS = ("h2d_pageable_64MiB", "d2h_pageable_64MiB", "h2d_pageable_1GiB", "d2h_pageable_1GiB", "d2h_fresh_64MiB",
         "d2h_fresh_1GiB", "torch_cpu_1GiB", "torch_to_cuda_1GiB")
-VARIANTS = [{}, {"CMT_RAMP": "0"}, {"CMT_PREFAULT": "huge"}, {"CMT_COPY": "stream"}, {"CMT_PIECE": str(128 << 10)}]
+VARIANTS = [{}, {"CMT_RAMP": "0"}, {"CMT_PREFAULT": "populate"}, {"CMT_COPY": "stream"}, {"CMT_PIECE": str(128 << 10)}]
 
 
 def main() -> None:
