@@ -247,3 +247,29 @@ with copy_sweep.CopyBench(drv, dev, 8 << 20) as b:
         assert tl["t0"] <= times[0] <= times[-1] <= time.monotonic_ns()
     untraced = run_python("from cmt import native; print(native.last_timeline())")
     assert untraced.returncode == 0 and untraced.stdout.strip() == "None", untraced.stderr
+
+
+def test_cmt_mode_below_the_plans_minimum_makes_the_programs_own_call(run_python):
+    """Under `cmt run` a copy the plan passes through reaches the driver as the program made it:
+    the benchmark's cmt mode must then time that same call, not the C API's asynchronous one."""
+    code = """
+import ctypes, json
+from cmt import cuda, native
+from cmt.bench import copy_sweep
+drv = cuda.load()
+fake = ctypes.CDLL("libcuda.so.1")
+fake.fakecuda_call_count.restype = ctypes.c_longlong
+dev = drv.open_device(0)
+print(json.dumps([native.plan_stages("h2d", 4096), native.plan_stages("h2d", 64 << 20)]))
+with copy_sweep.CopyBench(drv, dev, 1 << 20) as b:
+    for direction, sync_call in (("h2d", b"cuMemcpyHtoD_v2"), ("d2h", b"cuMemcpyDtoH_v2")):
+        before = [fake.fakecuda_call_count(n) for n in (sync_call, b"cuMemcpyHtoDAsync_v2", b"cuMemcpyDtoHAsync_v2")]
+        b.copy_seconds("cmt", direction, 4096)
+        after = [fake.fakecuda_call_count(n) for n in (sync_call, b"cuMemcpyHtoDAsync_v2", b"cuMemcpyDtoHAsync_v2")]
+        print(json.dumps([b.last_outcome, [a - c for a, c in zip(after, before)]]))
+"""
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(x) for x in proc.stdout.strip().splitlines()[-3:]]
+    assert lines[0] == [False, True]
+    assert lines[1] == ["below_minimum", [1, 0, 0]] and lines[2] == ["below_minimum", [1, 0, 0]]

@@ -38,6 +38,12 @@ CMT_EXPORT int cmt_configure(const char* plan, char* err, size_t err_len) {
   return -1;
 }
 
+// 1 if the plan in force stages host<->device copies of this size (dir 0: h2d, 1: d2h), else 0:
+// the interposer then hands them to the driver's own function untouched.
+CMT_EXPORT int cmt_plan_stages(int dir, size_t bytes) {
+  return bytes > 0 && !active_plan().lookup(dir == 0 ? Direction::HtoD : Direction::DtoH, bytes).pass;
+}
+
 // Writes the plan in force; returns its full length.
 CMT_EXPORT int cmt_active_plan(char* buf, size_t len) { return copy_string(active_plan().to_string(), buf, len); }
 

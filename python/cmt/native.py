@@ -42,6 +42,8 @@ def load() -> ctypes.CDLL:
         ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
     ]
     lib.cmt_memcpy.restype = ctypes.c_int
+    lib.cmt_plan_stages.argtypes = [ctypes.c_int, ctypes.c_size_t]
+    lib.cmt_plan_stages.restype = ctypes.c_int
     lib.cmt_outcome_name.argtypes = [ctypes.c_int]
     lib.cmt_outcome_name.restype = ctypes.c_char_p
     return lib
@@ -64,6 +66,12 @@ def configure(plan: str) -> None:
     err = ctypes.create_string_buffer(256)
     if load().cmt_configure(plan.encode(), err, len(err)) != 0:
         raise CmtError(f"invalid plan {plan!r}: {err.value.decode()}")
+
+
+def plan_stages(direction: str, nbytes: int) -> bool:
+    """Whether the plan in force stages copies of this size ('h2d' or 'd2h'); if not, `cmt run`
+    hands them to the driver's own function untouched."""
+    return bool(load().cmt_plan_stages(0 if direction == "h2d" else 1, nbytes))
 
 
 class CopyResult(int):

@@ -195,6 +195,11 @@ class CopyBench:
 
     # -- one copy of each kind -------------------------------------------------------------------
     def _engine(self, direction: str, host: int, n: int, settings: EngineSettings | None) -> str:
+        if settings is None and not native.plan_stages(direction, n):
+            # What a program under `cmt run` gets: the very call it made, untouched (the C API's
+            # own pass-through would use the asynchronous variant, a different driver path).
+            self._pageable(direction, host, n)
+            return "below_minimum"
         s = settings or EngineSettings(0, 0, 0)
         r = native.memcpy("h2d" if direction == "h2d" else "d2h", host, self.dev, n, self.stream,
                           s.threads, s.buffers, s.chunk, s.stream_stores)
