@@ -66,7 +66,8 @@ RAMPED_PLAN = "h2d:1=3,5,65536,stream;d2h:1=3,5,65536,stream"
 @pytest.fixture(scope="module")
 def eager_servers(fake_driver_dir):
     servers = {"uniform": CopyServer(fake_driver_dir, CMT_PLAN=AGGRESSIVE_PLAN),
-               "ramped": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN, CMT_PIECE="4096")}
+               "ramped": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN, CMT_PIECE="4096"),
+               "entry-on-stream": CopyServer(fake_driver_dir, CMT_PLAN=AGGRESSIVE_PLAN, CMT_ENTRY="stream")}
     yield servers
     for s in servers.values():
         s.close()
@@ -93,7 +94,7 @@ SIZES = st.one_of(
                              ("cuMemcpyHtoDAsync_v2_ptsz", "cuMemcpyDtoHAsync_v2_ptsz"),
                              ("cuMemcpy", "cuMemcpy"), ("cuMemcpyAsync_ptsz", "cuMemcpyAsync")]),
        stream=st.sampled_from(["null", "legacy", "per_thread", "blocking", "nonblocking"]),
-       seed=st.integers(0, 2**32), geometry=st.sampled_from(["uniform", "ramped"]))
+       seed=st.integers(0, 2**32), geometry=st.sampled_from(["uniform", "ramped", "entry-on-stream"]))
 def test_bytes_exact_at_any_size_and_offset(eager_servers, size, host_off, dev_off, pair, stream, seed, geometry):
     r = eager_servers[geometry]("roundtrip", size=size, host_off=host_off, dev_off=dev_off, h2d=pair[0], d2h=pair[1],
                      stream=stream, seed=seed)
@@ -146,15 +147,37 @@ def test_direct_symbols_of_a_program_linked_with_libcuda(run_c_program, tmp_path
 
 # ---- stream ordering ------------------------------------------------------------------------------
 
+@pytest.fixture(scope="module")
+def entry_stream_server(fake_driver_dir):
+    """CMT_ENTRY=stream: the DMAs, not the calling thread, wait for prior work on the stream. A
+    staging ring larger than the test's copies: the lanes need not wait for a slot's DMA either."""
+    s = CopyServer(fake_driver_dir, CMT_ENTRY="stream", CMT_PLAN="h2d:1=2,16,1048576;d2h:1=2,16,1048576")
+    yield s
+    s.close()
+
+
+@pytest.fixture(params=["server", "entry_stream_server"])
+def ordering_server(request):
+    return request.getfixturevalue(request.param)
+
+
 @pytest.mark.parametrize("stream", ["blocking", "nonblocking", "per_thread"])
-def test_copies_wait_for_prior_work_and_later_work_waits_for_them(server, stream):
-    r = server("ordering", size=3 * MIB, stream=stream)
+def test_copies_wait_for_prior_work_and_later_work_waits_for_them(ordering_server, stream):
+    r = ordering_server("ordering", size=3 * MIB, stream=stream)
     assert r["d2h_waited"], "D2H read device memory before the earlier write on its stream finished"
     assert r["h2d_ordered"], "H2D was overtaken by earlier work, or later work did not wait for it"
 
 
-def test_legacy_stream_copy_waits_for_blocking_streams(server):
-    r = server("ordering", size=3 * MIB, stream="blocking", copy_stream="legacy")
+def test_where_a_copy_waits_for_prior_work(server, entry_stream_server):
+    """By default the caller waits for the stream's earlier work (0.2 s here) before staging; with
+    CMT_ENTRY=stream a copy that fits the ring is staged at once and only its DMAs wait."""
+    assert server("ordering", size=3 * MIB, stream="nonblocking")["h2d_call_s"] >= 0.15
+    r = entry_stream_server("ordering", size=3 * MIB, stream="nonblocking")
+    assert r["h2d_ordered"] and r["h2d_call_s"] < 0.1
+
+
+def test_legacy_stream_copy_waits_for_blocking_streams(ordering_server):
+    r = ordering_server("ordering", size=3 * MIB, stream="blocking", copy_stream="legacy")
     assert r["d2h_waited"] and r["h2d_ordered"]
 
 

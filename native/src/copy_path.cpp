@@ -1,6 +1,8 @@
 #include "copy_path.hpp"
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 #include "driver.hpp"
 #include "engine.hpp"
@@ -43,6 +45,18 @@ CUevent entry_event(const Driver& d, CUcontext ctx) {
   ctxs[i] = ctx;
   events[i] = e;
   return e;
+}
+
+// How a staged copy waits for prior work on its stream. By default the calling thread waits for
+// it, as the driver's own staged copy does. With CMT_ENTRY=stream only cmt's DMA stream waits (on
+// the GPU), so the lanes' CPU work overlaps the caller's earlier GPU work, such as the DMAs of
+// its previous copy: an experiment until measured (benchmarks/explore_variants.py).
+bool entry_on_dma_stream() {
+  static const bool on = [] {
+    const char* v = getenv("CMT_ENTRY");
+    return v && !strcmp(v, "stream");
+  }();
+  return on;
 }
 
 HostKind kind_of(const PointerInfo& info) {
@@ -97,9 +111,10 @@ Outcome decide_and_copy(const CopyCall& call, CUresult* result, HostKind* kind) 
   CUevent entry = entry_event(d, ctx);
   if (!entry) return Outcome::Resources;
   if (d.cuEventRecord(entry, stream) != CUDA_SUCCESS) return Outcome::StreamContext;
-  if (d.cuEventSynchronize(entry) != CUDA_SUCCESS) return Outcome::StreamContext;
+  CUevent after = entry_on_dma_stream() ? entry : nullptr;
+  if (!after && d.cuEventSynchronize(entry) != CUDA_SUCCESS) return Outcome::StreamContext;
 
-  CopyRequest req{call.dir, ctx, call.host, call.device, call.bytes, stream, settings};
+  CopyRequest req{call.dir, ctx, call.host, call.device, call.bytes, stream, settings, after};
   CUresult r = engine_copy(req);
   if (r == CUDA_ERROR_NOT_READY) return Outcome::Resources;
   *result = r;

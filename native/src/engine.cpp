@@ -464,6 +464,10 @@ CUresult Engine::copy(const CopyRequest& req) {
     }
   }
   last_ctx_ = req.ctx;
+  if (req.after && d_.cuStreamWaitEvent(res->stream, req.after, 0) != CUDA_SUCCESS) {
+    restore();
+    return CUDA_ERROR_NOT_READY;  // nothing copied yet: the driver's own copy takes over
+  }
 
   j.dir = req.dir;
   j.stream_stores = st.stream_stores;

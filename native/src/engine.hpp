@@ -29,10 +29,11 @@ struct CopyRequest {
   size_t bytes;
   CUstream stream;      // the caller's stream, already resolved (never a raw 0)
   Settings settings;
+  CUevent after = nullptr;  // if set, the DMAs wait for it (else the caller has already waited)
 };
 
-// Runs the copy with CUDA's ordering: the caller has already waited for prior work on `stream`;
-// later work on `stream` waits for the copy. Returns once every source byte was read (HtoD) or
+// Runs the copy with CUDA's ordering: the DMAs start after prior work on `stream` (the caller has
+// waited for it, or recorded `after` there); later work on `stream` waits for the copy. Returns once every source byte was read (HtoD) or
 // every destination byte written (DtoH). Returns CUDA_SUCCESS, a driver error from the pipeline,
 // or CUDA_ERROR_NOT_READY (nothing was copied: resources unavailable; the caller passes through).
 CUresult engine_copy(const CopyRequest& req);

@@ -15,6 +15,7 @@ import os
 import random
 import sys
 import threading
+import time
 import traceback
 
 import numpy as np
@@ -187,7 +188,9 @@ def ordering(req: dict) -> dict:
     # H2D after a slow write on the stream must land after it: the final bytes are the H2D's.
     drv.delayed_write(stream, dev, 0x11, n, 200_000)
     src = ctypes.create_string_buffer(b"\x77" * n, n)
+    t0 = time.perf_counter()
     drv.memcpy("cuMemcpyHtoDAsync_v2", dev, src, n, copy_stream)
+    h2d_call_s = time.perf_counter() - t0
     # Later work on the stream waits for cmt's DMAs: a pinned D2H (passed through, asynchronous).
     pinned = drv.host_alloc(n)
     drv.memcpy("cuMemcpyDtoHAsync_v2", pinned, dev, n, copy_stream)
@@ -195,7 +198,7 @@ def ordering(req: dict) -> dict:
     h2d_ok = drv.peek(dev, n) == b"\x77" * n and ctypes.string_at(pinned, n) == b"\x77" * n
     drv.host_free(pinned)
     drv.mem_free(dev)
-    return {"d2h_waited": d2h_ok, "h2d_ordered": h2d_ok}
+    return {"d2h_waited": d2h_ok, "h2d_ordered": h2d_ok, "h2d_call_s": h2d_call_s}
 
 
 def in_threads(work, count: int) -> dict:
