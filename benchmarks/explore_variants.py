@@ -1,6 +1,7 @@
 """Compares engine variants on a GPU machine, each in its own process under `cmt run`: where a
-copy waits for prior work on its stream (CMT_ENTRY), block ramps (CMT_RAMP), streaming vs plain memcpy (CMT_COPY), piece size (CMT_PIECE) and the destination
-pre-fault strategy (CMT_PREFAULT), using the acceptance measurements of core_acceptance.py.
+copy waits for prior work on its stream (CMT_ENTRY), block ramps (CMT_RAMP), streaming vs plain
+memcpy (CMT_COPY), piece size (CMT_PIECE) and the destination pre-fault strategy (CMT_PREFAULT),
+using the acceptance measurements of core_acceptance.py.
 
     python benchmarks/explore_variants.py
 """
