@@ -17,7 +17,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from cmt import native
+from cmt import cuda, native
+from cmt.bench import fingerprint
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -28,6 +29,16 @@ def build(out_dir: Path, cuda_lib: str) -> Path:
     subprocess.run(["g++", "-std=c++17", "-O2", "-I", str(REPO / "native" / "include"), "-o", str(exe),
                     str(HERE / "profile_overhead.cpp"), cuda_lib], check=True)
     return exe
+
+
+def machine() -> dict:
+    """The same fingerprint `cmt bench` writes (GPU, PCIe link, CPU, driver)."""
+    drv = cuda.load()
+    dev = drv.open_device(0)
+    try:
+        return fingerprint.machine(drv, dev)
+    finally:
+        drv.close_device(dev)
 
 
 def main() -> None:
@@ -58,7 +69,7 @@ def main() -> None:
                                               "overhead_ns_per_copy": round(r - p, 1), "runs": args.runs}
             print(f"{nbytes:5d} B copies: {p:8.1f} ns plain, {r:8.1f} ns recorded: {r - p:+.1f} ns per copy")
     doc = {"benchmark": "profile_overhead", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-           "machine": os.uname().nodename, "results": results}
+           "machine": machine(), "results": results}
     if args.out:
         Path(args.out).write_text(json.dumps(doc, indent=1))
 
