@@ -1,10 +1,9 @@
 #include "copy_path.hpp"
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
 #include "driver.hpp"
+#include "env.hpp"
 #include "engine.hpp"
 
 namespace cmt {
@@ -52,10 +51,7 @@ CUevent entry_event(const Driver& d, CUcontext ctx) {
 // the GPU), so the lanes' CPU work overlaps the caller's earlier GPU work, such as the DMAs of
 // its previous copy: an experiment until measured (benchmarks/explore_variants.py).
 bool entry_on_dma_stream() {
-  static const bool on = [] {
-    const char* v = getenv("CMT_ENTRY");
-    return v && !strcmp(v, "stream");
-  }();
+  static const bool on = env::is("CMT_ENTRY", "stream");
   return on;
 }
 

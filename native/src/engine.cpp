@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "driver.hpp"
+#include "env.hpp"
 #include "fast_copy.hpp"
 #include "log.hpp"
 #include "timeline.hpp"
@@ -39,15 +40,10 @@ inline void cpu_relax() {
 
 using Clock = std::chrono::steady_clock;
 
-long env_long(const char* name, long fallback) {
-  const char* v = getenv(name);
-  return v && *v ? atol(v) : fallback;
-}
-
 // How long idle workers spin before sleeping: back-to-back copies (a model's tensors) then start
 // without a futex wake-up per worker.
 std::chrono::microseconds spin_time() {
-  static const long us = std::max(0L, env_long("CMT_SPIN_US", 200));
+  static const long us = std::max(0L, env::number("CMT_SPIN_US", 200));
   return std::chrono::microseconds(us);
 }
 
@@ -63,9 +59,8 @@ enum class Prefault { None, Populate, HugePopulate };
 
 Prefault prefault_mode() {
   static const Prefault mode = [] {
-    const char* v = getenv("CMT_PREFAULT");
-    if (v && !strcmp(v, "none")) return Prefault::None;
-    if (v && !strcmp(v, "populate")) return Prefault::Populate;
+    if (env::is("CMT_PREFAULT", "none")) return Prefault::None;
+    if (env::is("CMT_PREFAULT", "populate")) return Prefault::Populate;
     return Prefault::HugePopulate;
   }();
   return mode;
@@ -434,11 +429,11 @@ CUresult Engine::copy(const CopyRequest& req) {
   size_t block = std::clamp(st.chunk, kMinChunk, kMaxChunk);
   int threads = std::clamp(st.threads, 1, kMaxThreads);
   // Pieces: the block shared out over the lanes, at least 64 KiB so per-piece costs stay small.
-  static const size_t piece_override = static_cast<size_t>(std::max(0L, env_long("CMT_PIECE", 0)));
+  static const size_t piece_override = static_cast<size_t>(std::max(0L, env::number("CMT_PIECE", 0)));
   size_t piece = piece_override;  // the environment is read once, not on every copy
   if (!piece) piece = std::max<size_t>(64 << 10, (block / threads + 4095) & ~size_t(4095));
   piece = std::min(piece, block);
-  static const bool ramp = env_long("CMT_RAMP", 1) != 0;
+  static const bool ramp = env::number("CMT_RAMP", 1) != 0;
 
   std::lock_guard<std::mutex> lock(job_mutex_);
   // The calling thread works as lane 0; keep it out of other threads' global-mode captures too.
@@ -487,7 +482,6 @@ CUresult Engine::copy(const CopyRequest& req) {
   j.fault_next.store(0, std::memory_order_relaxed);
   int lanes = static_cast<int>(std::min<size_t>(threads, j.pieces));
   if (timeline::enabled()) {
-    timeline::set_lane(0);
     timeline::begin(static_cast<int>(req.dir), req.bytes, j.blocks, lanes);
   }
   // Fresh memory? Probe the middle of the range: malloc writes its chunk header into the first

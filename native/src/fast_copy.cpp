@@ -8,6 +8,8 @@
 #include <immintrin.h>
 #endif
 
+#include "env.hpp"
+
 namespace cmt {
 namespace {
 
@@ -40,9 +42,8 @@ __attribute__((target("avx2"))) void copy_nt_avx2(char* dst, const char* src, si
 // -1: as the plan says; 0: never (CMT_COPY=memcpy); 1: always (CMT_COPY=stream).
 int streaming_override() {
   static const int v = [] {
-    const char* e = getenv("CMT_COPY");
-    if (e && !strcmp(e, "stream")) return 1;
-    if (e && !strcmp(e, "memcpy")) return 0;
+    if (env::is("CMT_COPY", "stream")) return 1;
+    if (env::is("CMT_COPY", "memcpy")) return 0;
     return -1;
   }();
   return v;

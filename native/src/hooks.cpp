@@ -15,6 +15,7 @@
 #include "cmt/cuda_types.hpp"
 #include "copy_path.hpp"
 #include "driver.hpp"
+#include "env.hpp"
 #include "log.hpp"
 #include "recorder.hpp"
 #include "stats.hpp"
@@ -214,8 +215,7 @@ void on_fork_child() { mark_forked_child(); }
 
 // No CUDA calls and no threads here: a CPU-only child of `cmt run` must pay nothing.
 __attribute__((constructor)) void cmt_library_init() {
-  const char* v = getenv("CMT_DISABLE");
-  bool disabled = v && *v && strcmp(v, "0") != 0;
+  bool disabled = env::flag("CMT_DISABLE");
   set_disabled(disabled);
   if (disabled) log::write(log::Level::Debug, "CMT_DISABLE set: every copy passes through");
   pthread_atfork(nullptr, nullptr, on_fork_child);

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "env.hpp"
 #include "log.hpp"
 
 namespace cmt {
@@ -89,8 +90,7 @@ std::string stats_json() {
 void enable_exit_report() {
   static std::atomic<bool> once{false};
   if (once.exchange(true)) return;
-  const char* v = getenv("CMT_STATS");
-  if (v && *v && strcmp(v, "0") != 0) atexit(print_report);
+  if (env::flag("CMT_STATS")) atexit(print_report);
 }
 
 }  // namespace cmt

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
+
+#include "env.hpp"
 
 namespace cmt::timeline {
 namespace {
@@ -34,10 +34,7 @@ int64_t now_ns() {
 }  // namespace
 
 bool enabled() {
-  static const bool on = [] {
-    const char* v = getenv("CMT_TRACE");
-    return v && *v && strcmp(v, "0") != 0;
-  }();
+  static const bool on = env::flag("CMT_TRACE");
   return on;
 }
 
