@@ -1,9 +1,12 @@
 """Shows where the time of one engine copy goes on a GPU machine, from the engine's own timeline
 (CMT_TRACE=1): how long the worker lanes take to start, when each block's DMA is queued, when the
-lanes finish, when the copy returns and when its last DMA is done. One process per environment
-variant, so that switches read once (CMT_SPIN_US, CMT_RAMP, ...) can be compared.
+lanes finish, and, from GPU timestamps around every DMA, whether the copy engine was starved of
+filled blocks (idle gaps) or slowed while the CPU was copying (low rate while the lanes run).
 
-    python benchmarks/explore_timeline.py --out timeline.json
+Each (environment, direction, size) runs in its own process, so that switches read once
+(CMT_SPIN_US, CMT_RAMP, ...) can be compared; each tries several engine settings.
+
+    python benchmarks/explore_timeline.py --out timeline.json [--rotate 8]
 """
 
 from __future__ import annotations
@@ -17,12 +20,44 @@ import sys
 import time
 
 MIB = 1 << 20
-SIZES = (4 * MIB, 16 * MIB, 64 * MIB)
-VARIANTS = ({}, {"CMT_SPIN_US": "20000"}, {"CMT_RAMP": "0"})
+# (threads, buffers, chunk, streaming stores) tried per direction and size.
+GRID = {
+    ("h2d", 16 * MIB): [(6, 4, 4 * MIB, True), (10, 4, 2 * MIB, True), (16, 4, 1 * MIB, True), (10, 4, 2 * MIB, False)],
+    ("h2d", 64 * MIB): [(6, 4, 4 * MIB, False), (10, 4, 8 * MIB, False), (10, 12, 4 * MIB, False),
+                        (6, 4, 4 * MIB, True), (10, 4, 4 * MIB, True), (10, 4, 8 * MIB, True)],
+    ("d2h", 16 * MIB): [(6, 16, 1 * MIB, False), (10, 4, 2 * MIB, False)],
+    ("d2h", 64 * MIB): [(6, 4, 4 * MIB, False), (10, 4, 8 * MIB, False), (14, 8, 4 * MIB, False),
+                        (12, 16, 2 * MIB, False)],
+}
+VARIANTS = {"default": {}, "spin": {"CMT_SPIN_US": "20000"}, "demote": {"CMT_COPY": "demote"}}
 
 
-def us(ns: int) -> float:
+def us(ns: float) -> float:
     return round(ns / 1e3, 1)
+
+
+def dma_analysis(tl: dict, lanes_done_us: float) -> dict:
+    """From the GPU's [start, end] of every DMA (µs after the copy's start on the DMA stream):
+    how long the copy engine was busy and idle, and its rate while the lanes were still copying
+    and after (the two clocks are aligned at the copy's start, to a few µs)."""
+    gpu = sorted(tl.get("dma_gpu") or [])
+    if not gpu:
+        return {}
+    sizes = dict(enumerate(tl["block_bytes"]))
+    order = sorted(range(len(tl["dma_gpu"])), key=lambda b: tl["dma_gpu"][b][0])
+    busy = sum(e - s for s, e in gpu)
+    span = gpu[-1][1] - gpu[0][0]
+
+    def rate(blocks: list[int]) -> float:
+        t = sum(tl["dma_gpu"][b][1] - tl["dma_gpu"][b][0] for b in blocks)
+        return round(sum(sizes[b] for b in blocks) / t / 1e3, 1) if t > 0 else 0.0
+
+    during = [b for b in order if tl["dma_gpu"][b][1] <= lanes_done_us]
+    after = [b for b in order if tl["dma_gpu"][b][0] >= lanes_done_us]
+    return {"dma_first_start": round(gpu[0][0], 1), "dma_last_end": round(gpu[-1][1], 1),
+            "dma_busy": round(busy, 1), "dma_idle": round(span - busy, 1),
+            "dma_gbps_busy": rate(order), "dma_gbps_while_filling": rate(during), "dma_gbps_after": rate(after),
+            "dma_gpu": [[round(s, 1), round(e, 1)] for s, e in tl["dma_gpu"]]}
 
 
 def summarise(tl: dict, t_call: int, t_synced: int) -> dict:
@@ -32,38 +67,29 @@ def summarise(tl: dict, t_call: int, t_synced: int) -> dict:
     at = lambda name: [ns - t0 for ns, _, step, _ in steps if step == name]  # noqa: E731
     lane_starts = sorted(ns - t0 for ns, lane, step, _ in steps if step == "lane_start" and lane > 0)
     queued = at("dma_queued")
+    lanes_done = us(max(at("lane_end")))
     return {
         "call_to_engine": us(t0 - t_call),
         "lanes": tl["lanes"], "blocks": tl["blocks"],
         "lane_start_median": us(statistics.median(lane_starts)) if lane_starts else 0,
         "lane_start_max": us(max(lane_starts)) if lane_starts else 0,
         "first_dma_queued": us(queued[0]), "last_dma_queued": us(queued[-1]),
-        "lanes_done": us(max(at("lane_end"))), "copy_end": us(at("copy_end")[-1]),
+        "lanes_done": lanes_done, "copy_end": us(at("copy_end")[-1]),
         "synced": us(t_synced - t0),
         "dma_queued": [us(q) for q in queued],
-        "dma_done": [us(q) for q in at("dma_done")],
+        **dma_analysis(tl, lanes_done),
     }
 
 
-def child(size: int, direction: str, repeats: int) -> dict:
+def child(size: int, direction: str, repeats: int, rotate: int) -> list[dict]:
     import torch
 
     from cmt import native
 
-    host = torch.randint(0, 255, (size,), dtype=torch.uint8)
+    hosts = [torch.randint(0, 255, (size,), dtype=torch.uint8) for _ in range(rotate)]
     dev = torch.empty(size, dtype=torch.uint8, device="cuda")
     pinned = torch.empty(size, dtype=torch.uint8).pin_memory()
     torch.cuda.synchronize()
-    runs = []
-    for _ in range(repeats + 2):
-        t_call = time.monotonic_ns()
-        r = native.memcpy(direction, host.data_ptr(), dev.data_ptr(), size)
-        torch.cuda.synchronize()
-        t_synced = time.monotonic_ns()
-        assert r == 0, int(r)
-        runs.append((t_synced - t_call, native.last_timeline(), t_call, t_synced))
-    runs = sorted(runs[2:], key=lambda x: x[0])
-    dur, tl, t_call, t_synced = runs[len(runs) // 2]
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(5):
@@ -71,39 +97,59 @@ def child(size: int, direction: str, repeats: int) -> dict:
     end.record()
     end.synchronize()
     pinned_s = start.elapsed_time(end) / 5 / 1e3
-    return {"gbps": round(size / dur, 2), "pinned_gbps": round(size / pinned_s / 1e9, 2),
-            "pinned_us": round(pinned_s * 1e6, 1), **summarise(tl, t_call, t_synced)}
+    results = []
+    for threads, buffers, chunk, nt in GRID[(direction, size)]:
+        runs = []
+        for i in range(repeats + 2):
+            host = hosts[i % rotate]
+            t_call = time.monotonic_ns()
+            r = native.memcpy(direction, host.data_ptr(), dev.data_ptr(), size, threads=threads, buffers=buffers,
+                              chunk=chunk, stream_stores=nt)
+            torch.cuda.synchronize()
+            t_synced = time.monotonic_ns()
+            assert r == 0, int(r)
+            runs.append((t_synced - t_call, native.last_timeline(), t_call, t_synced))
+        runs = sorted(runs[2:], key=lambda x: x[0])
+        dur, tl, t_call, t_synced = runs[len(runs) // 2]
+        results.append({"threads": threads, "buffers": buffers, "chunk": chunk, "stream_stores": nt,
+                        "gbps": round(size / dur, 2), "pinned_gbps": round(size / pinned_s / 1e9, 2),
+                        "ratio": round(size / dur / (size / pinned_s / 1e9), 3),
+                        "pinned_us": round(pinned_s * 1e6, 1), **summarise(tl, t_call, t_synced)})
+    return results
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
-    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--rotate", type=int, default=1,
+                    help="host buffers used in turn (8: sources not in the CPU's caches)")
+    ap.add_argument("--variants", default="default,spin", help="environments to run: default, spin, demote")
+    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        size, direction, repeats = int(args.child[0]), args.child[1], int(args.child[2])
-        print("RESULT " + json.dumps(child(size, direction, repeats)))
+        size, direction, repeats, rotate = int(args.child[0]), args.child[1], int(args.child[2]), int(args.child[3])
+        print("RESULT " + json.dumps(child(size, direction, repeats, rotate)))
         return
     out = []
-    for extra in VARIANTS:
+    for variant in args.variants.split(","):
+        extra = VARIANTS[variant]
         name = ",".join(f"{k}={v}" for k, v in extra.items()) or "default"
-        for direction in ("h2d", "d2h"):
-            for size in SIZES:
-                env = {**os.environ, "CMT_TRACE": "1", **extra}
-                proc = subprocess.run([sys.executable, __file__, "--child", str(size), direction, "15"],
-                                      capture_output=True, text=True, env=env)
-                if proc.returncode:
-                    print(name, direction, size, "FAILED", proc.stderr[-1500:])
-                    continue
-                res = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
-                out.append({"variant": name, "direction": direction, "size": size, **res})
-                print(f"{name:18} {direction} {size // MIB:3}M {res['gbps']:5.1f} GB/s (pinned {res['pinned_gbps']}, "
-                      f"{res['pinned_us']} us) call->engine {res['call_to_engine']} lanes {res['lanes']} start "
-                      f"med {res['lane_start_median']} max {res['lane_start_max']} | dma first "
-                      f"{res['first_dma_queued']} last {res['last_dma_queued']} | lanes done {res['lanes_done']} "
-                      f"end {res['copy_end']} synced {res['synced']}", flush=True)
-                if size == 16 * MIB:
-                    print("   queued", res["dma_queued"], "\n   done", res["dma_done"])
+        for direction, size in GRID:
+            env = {**os.environ, "CMT_TRACE": "1", **extra}
+            proc = subprocess.run([sys.executable, __file__, "--child", str(size), direction, "9", str(args.rotate)],
+                                  capture_output=True, text=True, env=env)
+            if proc.returncode:
+                print(name, direction, size, "FAILED", proc.stderr[-1500:])
+                continue
+            for res in json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:]):
+                out.append({"variant": name, "direction": direction, "size": size, "rotate": args.rotate, **res})
+                print(f"{name[:12]:12} {direction} {size // MIB:3}M t{res['threads']:>2} b{res['buffers']:>2} "
+                      f"c{res['chunk'] // MIB}M{' nt' if res['stream_stores'] else '   '} {res['gbps']:5.1f} GB/s "
+                      f"({res['ratio']:.0%} of pinned {res['pinned_gbps']}) | start {res['lane_start_median']}"
+                      f"/{res['lane_start_max']} q {res['first_dma_queued']}-{res['last_dma_queued']} "
+                      f"lanes {res['lanes_done']} synced {res['synced']} | dma {res.get('dma_first_start')}-"
+                      f"{res.get('dma_last_end')} idle {res.get('dma_idle')} GB/s fill "
+                      f"{res.get('dma_gbps_while_filling')} after {res.get('dma_gbps_after')}", flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)

@@ -3,7 +3,7 @@
 # $OUT/results.tar.gz (the device tool brings back at most 8 files) and print short summaries.
 #   bash benchmarks/gpu_session.sh gputests core benchcopy
 # Steps: gputests torchtests core benchcopy workloads profiles tune (= tuneinstant tunefull tunedcopy)
-#        overhead variants sweep timeline. The archive is rewritten after every step: a call cut short by its
+#        overhead variants sweep timeline timelinecold. The archive is rewritten after every step: a call cut short by its
 #        time limit still brings back the steps it finished.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -43,7 +43,11 @@ for step in "${steps[@]}"; do
       done ;;
     overhead) timeout 120 python3 benchmarks/profile_overhead.py --out "$R/profile-overhead.json" 2>&1 | tail -4 ;;
     variants) timeout 300 python3 benchmarks/explore_variants.py "$R/variants.json" 2>&1 | tail -8 ;;
-    timeline) timeout 300 python3 benchmarks/explore_timeline.py --out "$R/timeline.json" 2>&1 | tail -60 ;;
+    timeline) timeout 300 python3 benchmarks/explore_timeline.py --variants default,demote \
+      --out "$R/timeline.json" 2>&1 | tail -60 ;;
+    timelinecold)  # sources used in turn from 8 buffers: not in the CPU's caches
+      timeout 200 python3 benchmarks/explore_timeline.py --rotate 8 --variants default,demote \
+        --out "$R/timeline-cold.json" 2>&1 | tail -30 ;;
     sweep) timeout 300 python3 benchmarks/explore_engine.py --out "$R/engine-sweep.json" 2>&1 | grep -E "size|best" ;;
     *) echo "unknown step $step" ;;
   esac

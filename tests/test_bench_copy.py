@@ -238,6 +238,7 @@ with copy_sweep.CopyBench(drv, dev, 8 << 20) as b:
     for direction, line in enumerate(proc.stdout.strip().splitlines()[-2:]):
         tl = json.loads(line)
         assert tl["direction"] == direction and tl["bytes"] == 8 << 20 and tl["blocks"] == 8 and tl["lanes"] == 3
+        assert tl["block_bytes"] == [1 << 20] * 8
         steps = tl["steps"]
         names = [s[2] for s in steps]
         assert names[0] == "copy_start" and names[-1] == "copy_end"
@@ -245,6 +246,11 @@ with copy_sweep.CopyBench(drv, dev, 8 << 20) as b:
         assert sorted(s[3] for s in steps if s[2] == "dma_queued") == list(range(8))
         times = [s[0] for s in steps]
         assert tl["t0"] <= times[0] <= times[-1] <= time.monotonic_ns()
+        # The DMA stream's own times, one [start, end] per block: one stream, so they never overlap
+        # (blocks may be queued out of order when lanes finish them out of order).
+        gpu = sorted(tl["dma_gpu"])
+        assert len(gpu) == 8 and all(0 <= s <= e for s, e in gpu)
+        assert all(gpu[i][1] <= gpu[i + 1][0] for i in range(7)), gpu
     untraced = run_python("from cmt import native; print(native.last_timeline())")
     assert untraced.returncode == 0 and untraced.stdout.strip() == "None", untraced.stderr
 

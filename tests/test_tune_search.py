@@ -103,20 +103,19 @@ def test_model_pipeline_shape():
 
 
 def test_cut_follows_the_engine_geometry():
-    assert model.cut(16 * MIB, 2 * MIB, 256 * KIB, ramp=False) == [(2 * MIB, 8)]
-    assert model.cut(5 * MIB, 2 * MIB, 256 * KIB, ramp=False) == [(2 * MIB, 2), (MIB, 1)]
-    # ramped: up from chunk/8, full blocks, then down (here the copy ends inside the ramp down)
-    assert model.cut(16 * MIB, 2 * MIB, 256 * KIB, ramp=True) == [
-        (256 * KIB, 1), (512 * KIB, 1), (MIB, 1), (2 * MIB, 7), (256 * KIB, 1)]
-    assert model.cut(64 * MIB, 4 * MIB, 256 * KIB, ramp=True) == [
-        (512 * KIB, 1), (MIB, 1), (2 * MIB, 1), (4 * MIB, 15), (512 * KIB, 1)]
-    assert model.cut(100, 4096, 4096, ramp=True) == [(100, 1)]
+    assert model.cut(16 * MIB, 2 * MIB, ramp=False) == [(2 * MIB, 8)]
+    assert model.cut(5 * MIB, 2 * MIB, ramp=False) == [(2 * MIB, 2), (MIB, 1)]
+    # ramped: up from chunk/8, full blocks, then down by halving what is left (64 KiB multiples)
+    assert model.cut(16 * MIB, 2 * MIB, ramp=True) == [
+        (256 * KIB, 1), (512 * KIB, 1), (MIB, 1), (2 * MIB, 6), (1152 * KIB, 1), (576 * KIB, 1), (320 * KIB, 1),
+        (256 * KIB, 1)]
+    assert model.cut(64 * MIB, 4 * MIB, ramp=True)[-3:] == [(576 * KIB, 1), (320 * KIB, 1), (256 * KIB, 1)]
+    assert model.cut(100, 4096, ramp=True) == [(100, 1)]
     for n in (4096, 1000003, 64 * MIB + 5):
-        for chunk in (64 * KIB, 2 * MIB):
+        for chunk in (4 * KIB, 64 * KIB, 2 * MIB):
             for ramp in (False, True):
-                blocks = model.cut(n, chunk, model.piece_bytes(chunk, 4), ramp)
+                blocks = model.cut(n, chunk, ramp)
                 assert sum(c * k for c, k in blocks) == n and all(0 < c <= chunk for c, _ in blocks)
-    assert model.piece_bytes(2 * MIB, 4) == 512 * KIB and model.piece_bytes(MIB, 64) == 64 * KIB
 
 
 def test_ramping_shortens_fill_and_drain():

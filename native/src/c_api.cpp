@@ -5,6 +5,7 @@
 
 #include "copy_path.hpp"
 #include "driver.hpp"
+#include "engine.hpp"
 #include "plan.hpp"
 #include "stats.hpp"
 #include "timeline.hpp"
@@ -51,7 +52,7 @@ CMT_EXPORT int cmt_stats_json(char* buf, size_t len) { return copy_string(stats_
 
 // The steps of the engine's last copy, with CMT_TRACE=1 (see timeline.hpp); "" otherwise.
 CMT_EXPORT int cmt_last_timeline(char* buf, size_t len) {
-  return copy_string(timeline::enabled() ? timeline::last_json() : std::string(), buf, len);
+  return copy_string(timeline::enabled() ? timeline::last_json(engine_dma_gpu_times()) : std::string(), buf, len);
 }
 
 // One host<->device copy with stream semantics like cuMemcpy{HtoD,DtoH}Async_v2.

@@ -71,6 +71,7 @@ bool load_driver(bool load_if_absent) {
   ok &= load(h, d.cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2");
   ok &= load(h, d.cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
   d.ok = ok;
+  d.cuEventElapsedTime = reinterpret_cast<PFN_cuEventElapsedTime>(real_dlsym(h, "cuEventElapsedTime"));
   g_driver = d;
   return true;
 }

@@ -43,6 +43,8 @@ struct Driver {
   // The engine's DMA calls (explicit non-blocking streams, pinned memory).
   PFN_cuMemcpyHtoDAsync cuMemcpyHtoDAsync = nullptr;
   PFN_cuMemcpyDtoHAsync cuMemcpyDtoHAsync = nullptr;
+  // Optional (not part of `ok`): only CMT_TRACE's GPU timestamps use it.
+  PFN_cuEventElapsedTime cuEventElapsedTime = nullptr;
 };
 
 // Loads the driver table once. With `load_if_absent` false (the interposer), only a libcuda that

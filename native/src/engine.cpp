@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -104,6 +105,7 @@ struct ContextResources {
   CUstream stream = nullptr;  // every DMA of this context, in order
   CUevent slot_event[kMaxSlots] = {};
   CUevent done = nullptr;
+  std::vector<CUevent> timing;  // CMT_TRACE only: a base event, then start and end of each block's DMA
 };
 
 struct Slot {
@@ -122,12 +124,13 @@ struct Job {
   char* host = nullptr;
   CUdeviceptr device = 0;
   size_t bytes = 0;
-  size_t piece = 0;        // bytes per unit of CPU work
+  size_t fixed_piece = 0;  // CMT_PIECE: bytes per unit of CPU work; 0: each block shared out over the lanes
   size_t blocks = 0;
   size_t pieces = 0;
   int slots = 0;
-  // Block b covers bytes [block_off[b], block_off[b+1]) and pieces [piece_off[b], piece_off[b+1]).
-  std::vector<size_t> block_off, piece_off;
+  // Block b covers bytes [block_off[b], block_off[b+1]) and pieces [piece_off[b], piece_off[b+1]),
+  // each piece_len[b] bytes (the last one shorter).
+  std::vector<size_t> block_off, piece_off, piece_len;
   std::atomic<size_t> next{0};
   std::atomic<size_t> fault_next{0};  // destination bytes below this are faulted in or being so
   bool prefault = false;              // device-to-host into memory not faulted in yet
@@ -140,28 +143,38 @@ struct Job {
   size_t block_of(size_t p) const {
     return static_cast<size_t>(std::upper_bound(piece_off.begin(), piece_off.end(), p) - piece_off.begin()) - 1;
   }
-  void cut(size_t chunk, bool ramp);
+  void cut(size_t chunk, bool ramp, int lanes);
 };
 
+constexpr size_t kMinPiece = 64 << 10;  // per-piece costs (claiming, a slot's counter) stay small
+
 // Cuts the copy into DMA blocks of `chunk` bytes. With `ramp`, the first blocks grow from chunk/8
-// and the last ones shrink to it: the pipeline's fill (the first block must be copied before its
-// DMA starts) and drain (the last DMA runs alone) then cost an eighth as much, while most DMAs
-// stay large enough that the copy engine's per-command cost stays small.
-void Job::cut(size_t chunk, bool ramp) {
+// and the last ones halve what is left down to chunk/8: the pipeline's fill (the first block must
+// be copied before its DMA starts) and drain (the last DMA, or copy-out, runs alone) then cost an
+// eighth as much, while most DMAs stay large enough that the copy engine's per-command cost stays
+// small. Every block is shared out over all lanes, so a small block fills as fast as a large one.
+void Job::cut(size_t chunk, bool ramp, int lanes) {
   block_off.assign(1, 0);
-  size_t first = ramp ? std::max(chunk / 8, std::min(chunk, piece)) : chunk;
+  const size_t first = ramp ? std::min(chunk, std::max(chunk / 8, kMinPiece)) : chunk;
   size_t rem = bytes;
   auto take = [&](size_t n) {
     n = std::min(n, rem);
     block_off.push_back(block_off.back() + n);
     rem -= n;
   };
-  for (size_t s = first; s < chunk && rem; s *= 2) take(s);      // ramp up
-  while (rem > 2 * chunk - first) take(chunk);                      // full blocks
-  for (size_t s = chunk; rem; s = std::max(first, s / 2)) take(s);  // ramp down: chunk + chunk/2 + ... + first
+  for (size_t s = first; s < chunk && rem; s *= 2) take(s);  // ramp up
+  while (rem > (ramp ? 2 * chunk : 0)) take(chunk);           // full blocks
+  while (rem > first) take(std::min(chunk, (rem / 2 + kMinPiece - 1) & ~(kMinPiece - 1)));  // ramp down
+  if (rem) take(rem);
   blocks = block_off.size() - 1;
   piece_off.assign(1, 0);
-  for (size_t b = 0; b < blocks; ++b) piece_off.push_back(piece_off.back() + (block_len(b) + piece - 1) / piece);
+  piece_len.clear();
+  for (size_t b = 0; b < blocks; ++b) {
+    size_t len = block_len(b);
+    size_t piece = fixed_piece ? fixed_piece : std::max(kMinPiece, (len / lanes + 4095) & ~size_t(4095));
+    piece_len.push_back(std::min(piece, len));
+    piece_off.push_back(piece_off.back() + (len + piece_len.back() - 1) / piece_len.back());
+  }
   pieces = piece_off.back();
 }
 
@@ -180,6 +193,12 @@ class Engine {
   bool process_dtoh(size_t p);
   void fault_ahead(size_t upto);
   CUresult queue_dma(size_t b);
+  void trace_gpu_begin(ContextResources* res, size_t blocks);
+
+ public:
+  std::string dma_gpu_times();
+
+ private:
   bool wait_issued(Slot& s, long round);
   bool wait_done(Slot& s, long round);
   void fail(CUresult r);
@@ -198,6 +217,10 @@ class Engine {
   std::mutex wake_mutex_;
   std::condition_variable wake_cv_;
   std::atomic<bool> forked_{false};
+  // CMT_TRACE: the context whose timing events hold the last copy's DMA times (else nullptr).
+  ContextResources* trace_res_ = nullptr;
+  size_t trace_blocks_ = 0;
+  std::mutex trace_order_;  // one DMA queued at a time, so that its timing events bracket it alone
 };
 
 void Engine::fail(CUresult r) {
@@ -341,9 +364,15 @@ CUresult Engine::queue_dma(size_t b) {
   int si = static_cast<int>(b % job_.slots);
   Slot& s = slots_[si];
   CUdeviceptr dev = job_.device + job_.block_off[b];
+  std::unique_lock<std::mutex> traced;
+  if (trace_res_) {
+    traced = std::unique_lock<std::mutex>(trace_order_);
+    d_.cuEventRecord(trace_res_->timing[1 + 2 * b], job_.res->stream);
+  }
   CUresult r = job_.dir == Direction::HtoD
                    ? d_.cuMemcpyHtoDAsync(dev, s.mem, job_.block_len(b), job_.res->stream)
                    : d_.cuMemcpyDtoHAsync(s.mem, dev, job_.block_len(b), job_.res->stream);
+  if (trace_res_ && r == CUDA_SUCCESS) d_.cuEventRecord(trace_res_->timing[2 + 2 * b], job_.res->stream);
   if (r == CUDA_SUCCESS) r = d_.cuEventRecord(job_.res->slot_event[si], job_.res->stream);
   if (r != CUDA_SUCCESS) return r;
   s.last_event = job_.res->slot_event[si];
@@ -357,7 +386,7 @@ bool Engine::process_htod(size_t p) {
   Slot& s = slots_[b % job_.slots];
   // The slot is free once the DMA of its previous round (or of an earlier copy) has read it.
   if (!wait_issued(s, round - 1) || !wait_done(s, round - 1)) return false;
-  size_t off = i * job_.piece, len = std::min(job_.piece, job_.block_len(b) - off);
+  size_t off = i * job_.piece_len[b], len = std::min(job_.piece_len[b], job_.block_len(b) - off);
   copy_stream(static_cast<char*>(s.mem) + off, job_.host + job_.block_off[b] + off, len, job_.stream_stores);
   if (s.pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // this lane completed the block
     CUresult r = queue_dma(b);
@@ -389,7 +418,7 @@ bool Engine::process_dtoh(size_t p) {
   size_t b = job_.block_of(p), i = p - job_.piece_off[b];
   long round = static_cast<long>(b / job_.slots);
   Slot& s = slots_[b % job_.slots];
-  size_t off = i * job_.piece, len = std::min(job_.piece, job_.block_len(b) - off);
+  size_t off = i * job_.piece_len[b], len = std::min(job_.piece_len[b], job_.block_len(b) - off);
   char* dst = job_.host + job_.block_off[b] + off;
   if (job_.prefault) fault_ahead(job_.block_off[b] + off + len + kFaultLookahead);
   if (!wait_issued(s, round) || !wait_done(s, round)) return false;
@@ -407,6 +436,39 @@ bool Engine::process_dtoh(size_t p) {
     }
   }
   return true;
+}
+
+// CMT_TRACE: GPU timestamps before and after every DMA of this copy, relative to a base event
+// recorded now, tell a DMA slowed by the CPU's memory traffic from a DMA starved of filled blocks.
+void Engine::trace_gpu_begin(ContextResources* res, size_t blocks) {
+  trace_res_ = nullptr;
+  if (!d_.cuEventElapsedTime) return;
+  while (res->timing.size() < 1 + 2 * blocks) {
+    CUevent e = nullptr;
+    if (d_.cuEventCreate(&e, CU_EVENT_DEFAULT) != CUDA_SUCCESS) return;
+    res->timing.push_back(e);
+  }
+  if (d_.cuEventRecord(res->timing[0], res->stream) != CUDA_SUCCESS) return;
+  trace_res_ = res;
+  trace_blocks_ = blocks;
+}
+
+// The last traced copy's DMAs as JSON [[start_us, end_us], ...] from its base event; waits for them.
+std::string Engine::dma_gpu_times() {
+  std::lock_guard<std::mutex> lock(job_mutex_);
+  if (!trace_res_) return {};
+  const std::vector<CUevent>& ev = trace_res_->timing;
+  std::string s = "[";
+  for (size_t b = 0; b < trace_blocks_; ++b) {
+    float start = 0, end = 0;
+    if (d_.cuEventSynchronize(ev[2 + 2 * b]) != CUDA_SUCCESS ||
+        d_.cuEventElapsedTime(&start, ev[0], ev[1 + 2 * b]) != CUDA_SUCCESS ||
+        d_.cuEventElapsedTime(&end, ev[0], ev[2 + 2 * b]) != CUDA_SUCCESS) {
+      return {};
+    }
+    s += (b ? ",[" : "[") + std::to_string(start * 1e3) + "," + std::to_string(end * 1e3) + "]";
+  }
+  return s + "]";
 }
 
 void Engine::run_lane(int lane) {
@@ -428,11 +490,8 @@ CUresult Engine::copy(const CopyRequest& req) {
   const Settings& st = req.settings;
   size_t block = std::clamp(st.chunk, kMinChunk, kMaxChunk);
   int threads = std::clamp(st.threads, 1, kMaxThreads);
-  // Pieces: the block shared out over the lanes, at least 64 KiB so per-piece costs stay small.
+  // The environment is read once, not on every copy.
   static const size_t piece_override = static_cast<size_t>(std::max(0L, env::number("CMT_PIECE", 0)));
-  size_t piece = piece_override;  // the environment is read once, not on every copy
-  if (!piece) piece = std::max<size_t>(64 << 10, (block / threads + 4095) & ~size_t(4095));
-  piece = std::min(piece, block);
   static const bool ramp = env::number("CMT_RAMP", 1) != 0;
 
   std::lock_guard<std::mutex> lock(job_mutex_);
@@ -444,8 +503,8 @@ CUresult Engine::copy(const CopyRequest& req) {
   };
   Job& j = job_;
   j.bytes = req.bytes;
-  j.piece = piece;
-  j.cut(block, ramp);
+  j.fixed_piece = piece_override;
+  j.cut(block, ramp, threads);
   int slots = static_cast<int>(std::min<size_t>(std::clamp(st.buffers, 1, kMaxSlots), j.blocks));
   ContextResources* res = resources_for(req.ctx, slots);
   if (!res || !ensure_slots(slots, std::max(block, active_plan().max_chunk()))) {
@@ -463,6 +522,7 @@ CUresult Engine::copy(const CopyRequest& req) {
     restore();
     return CUDA_ERROR_NOT_READY;  // nothing copied yet: the driver's own copy takes over
   }
+  if (timeline::enabled()) trace_gpu_begin(res, j.blocks);
 
   j.dir = req.dir;
   j.stream_stores = st.stream_stores;
@@ -482,7 +542,7 @@ CUresult Engine::copy(const CopyRequest& req) {
   j.fault_next.store(0, std::memory_order_relaxed);
   int lanes = static_cast<int>(std::min<size_t>(threads, j.pieces));
   if (timeline::enabled()) {
-    timeline::begin(static_cast<int>(req.dir), req.bytes, j.blocks, lanes);
+    timeline::begin(static_cast<int>(req.dir), req.bytes, j.block_off, lanes);
   }
   // Fresh memory? Probe the middle of the range: malloc writes its chunk header into the first
   // page of a new mapping, so the first page says nothing (PyTorch's .cpu() output is such memory).
@@ -537,6 +597,10 @@ std::once_flag g_engine_once;
 CUresult engine_copy(const CopyRequest& req) {
   std::call_once(g_engine_once, [] { g_engine = new Engine(); });  // never destroyed: workers live on
   return g_engine->copy(req);
+}
+
+std::string engine_dma_gpu_times() {
+  return g_engine ? g_engine->dma_gpu_times() : std::string();
 }
 
 void engine_forget_after_fork() {

@@ -15,6 +15,7 @@
 // The calling thread is lane 0, so a copy needs no thread wake-up to start.
 #pragma once
 #include <cstddef>
+#include <string>
 
 #include "cmt/cuda_types.hpp"
 #include "plan.hpp"
@@ -37,6 +38,10 @@ struct CopyRequest {
 // every destination byte written (DtoH). Returns CUDA_SUCCESS, a driver error from the pipeline,
 // or CUDA_ERROR_NOT_READY (nothing was copied: resources unavailable; the caller passes through).
 CUresult engine_copy(const CopyRequest& req);
+
+// With CMT_TRACE: the GPU's start and end of each DMA of the last copy, in µs from the copy's start
+// on the DMA stream, as JSON [[start, end], ...]; "" when not traced.
+std::string engine_dma_gpu_times();
 
 // Tells a forked child that the engine's threads do not exist in it.
 void engine_forget_after_fork();

@@ -112,6 +112,7 @@ typedef CUresult (*PFN_cuEventDestroy)(CUevent);
 typedef CUresult (*PFN_cuEventRecord)(CUevent, CUstream);
 typedef CUresult (*PFN_cuEventSynchronize)(CUevent);
 typedef CUresult (*PFN_cuEventQuery)(CUevent);
+typedef CUresult (*PFN_cuEventElapsedTime)(float*, CUevent, CUevent);
 typedef CUresult (*PFN_cuMemHostAlloc)(void**, size_t, unsigned int);
 typedef CUresult (*PFN_cuMemFreeHost)(void*);
 typedef CUresult (*PFN_cuPointerGetAttributes)(unsigned int, CUpointer_attribute*, void**, CUdeviceptr);

@@ -54,7 +54,7 @@ class PipelineModel:
     ramp: bool = False        # the engine ramps block sizes (the H200 sweep was measured without)
 
     def seconds(self, nbytes: int, s: EngineSettings) -> float:
-        blocks = cut(nbytes, s.chunk, piece_bytes(s.chunk, s.threads), self.ramp)
+        blocks = cut(nbytes, s.chunk, self.ramp)
         buffers = max(1, min(s.buffers, sum(k for _, k in blocks)))
         fill = min(min(s.threads, self.cores) * self.lane_gbps, self.memory_gbps) * GB
         per_block = self.block_overhead_s + self.lane_overhead_s * s.threads
@@ -81,14 +81,10 @@ class PipelineModel:
                 for k, v in asdict(self).items()}
 
 
-def piece_bytes(chunk: int, threads: int) -> int:
-    """The lanes' unit of work: the block shared out over the lanes, at least 64 KiB (engine.cpp)."""
-    return min(chunk, max(64 << 10, (chunk // threads + 4095) & ~4095))
-
-
-def cut(nbytes: int, chunk: int, piece: int, ramp: bool) -> list[tuple[int, int]]:
+def cut(nbytes: int, chunk: int, ramp: bool) -> list[tuple[int, int]]:
     """The engine's blocks (Job::cut), as (size, how many in a row), in order."""
-    first = max(chunk // 8, min(chunk, piece)) if ramp else chunk
+    piece = 64 << 10
+    first = min(chunk, max(chunk // 8, piece)) if ramp else chunk
     out: list[tuple[int, int]] = []
     rem = nbytes
 
@@ -105,12 +101,14 @@ def cut(nbytes: int, chunk: int, piece: int, ramp: bool) -> list[tuple[int, int]
     while size < chunk and rem:  # ramp up
         take(size)
         size *= 2
-    if rem > 2 * chunk - first:  # full blocks, leaving the ramp down its bytes
-        take(chunk, -(-(rem - (2 * chunk - first)) // chunk))
-    size = chunk
-    while rem:  # ramp down: chunk, chunk/2, ... first
-        take(size)
-        size = max(first, size // 2)
+    if not ramp:
+        take(chunk, rem // chunk)
+    elif rem > 2 * chunk:  # full blocks, leaving the ramp down its bytes
+        take(chunk, -(-(rem - 2 * chunk) // chunk))
+    while rem > first:  # ramp down: halve what is left
+        take(min(chunk, (rem // 2 + piece - 1) // piece * piece))
+    if rem:
+        take(rem)
     return out
 
 
