@@ -190,7 +190,8 @@ def main() -> None:
             rows[f"{d}_pageable_{tag}"]["pinned_gbps_same_run"] = round(pinned, 2)
             rows[f"{d}_pageable_{tag}"]["cmt_vs_pinned"] = round(cmt[f"{d}_pageable_{tag}"]["gbps"] / pinned, 3)
     doc = {"benchmark": "core_acceptance", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-           "machine": machine(), "summary": rows, "plain": plain, "cmt": cmt,
+           "machine": machine(), "config": os.environ.get("CMT_CONFIG", "automatic (cmt config show)"),
+           "summary": rows, "plain": plain, "cmt": cmt,
            "cmt_stats": [x for x in cmt_stderr.splitlines() if "stats" in x or "copies" in x]}
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=2)

@@ -1,6 +1,6 @@
 """Compares engine variants on a GPU machine, each in its own process under `cmt run`: where a
 copy waits for prior work on its stream (CMT_ENTRY), block ramps (CMT_RAMP), streaming vs plain
-memcpy or CLDEMOTE (CMT_COPY), piece size (CMT_PIECE) and the destination pre-fault strategy (CMT_PREFAULT),
+memcpy (CMT_COPY), piece size (CMT_PIECE) and the destination pre-fault strategy (CMT_PREFAULT),
 using the acceptance measurements of core_acceptance.py.
 
     python benchmarks/explore_variants.py
@@ -18,7 +18,7 @@ HERE = Path(__file__).resolve().parent
 KEYS = ("h2d_pageable_64MiB", "d2h_pageable_64MiB", "h2d_pageable_1GiB", "d2h_pageable_1GiB", "d2h_fresh_64MiB",
         "d2h_fresh_1GiB", "torch_cpu_1GiB", "torch_to_cuda_1GiB")
 VARIANTS = [{}, {"CMT_ENTRY": "stream"}, {"CMT_RAMP": "0"}, {"CMT_PREFAULT": "populate"}, {"CMT_COPY": "stream"},
-            {"CMT_COPY": "demote"}, {"CMT_PIECE": str(128 << 10)}]
+            {"CMT_PIECE": str(128 << 10)}]
 
 
 def main() -> None:

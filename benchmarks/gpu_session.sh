@@ -2,7 +2,7 @@
 # One call on the GPU machine: install cmt, run the named steps, pack every result into
 # $OUT/results.tar.gz (the device tool brings back at most 8 files) and print short summaries.
 #   bash benchmarks/gpu_session.sh gputests core benchcopy
-# Steps: gputests torchtests core benchcopy workloads profiles tune (= tuneinstant tunefull tunedcopy)
+# Steps: gputests torchtests core coretuned benchcopy workloads profiles tune (= tuneinstant tunefull tunedcopy)
 #        overhead variants sweep timeline timelinecold. The archive is rewritten after every step: a call cut short by its
 #        time limit still brings back the steps it finished.
 set -uo pipefail
@@ -23,6 +23,9 @@ for step in "${steps[@]}"; do
     torchtests) timeout 200 python3 -m pytest -m gpu tests/gpu/test_gpu_profile.py -k "profile or torch" -q -x \
       -p no:cacheprovider tests/gpu/test_gpu_frameworks.py 2>&1 | tee "$R/gpu-tests-torch.log" | tail -8 ;;
     core) timeout 150 python3 benchmarks/core_acceptance.py --out "$R/core-acceptance.json" 2>&1 | tail -16 ;;
+    coretuned)  # the acceptance under tunefull's file
+      CMT_CONFIG="$R/tuned-full.json" timeout 150 python3 benchmarks/core_acceptance.py \
+        --out "$R/core-acceptance-tuned.json" 2>&1 | tail -16 ;;
     benchcopy) timeout 150 python3 -m cmt bench copy --out "$R/copy" 2>&1 | tail -40 ;;
     workloads) timeout 420 python3 -m cmt bench workloads --out "$R/workloads" 2>&1 | tail -20 ;;
     profiles)
@@ -43,10 +46,10 @@ for step in "${steps[@]}"; do
       done ;;
     overhead) timeout 120 python3 benchmarks/profile_overhead.py --out "$R/profile-overhead.json" 2>&1 | tail -4 ;;
     variants) timeout 300 python3 benchmarks/explore_variants.py "$R/variants.json" 2>&1 | tail -8 ;;
-    timeline) timeout 300 python3 benchmarks/explore_timeline.py --variants default,demote \
+    timeline) timeout 300 python3 benchmarks/explore_timeline.py \
       --out "$R/timeline.json" 2>&1 | tail -60 ;;
     timelinecold)  # sources used in turn from 8 buffers: not in the CPU's caches
-      timeout 200 python3 benchmarks/explore_timeline.py --rotate 8 --variants default,demote \
+      timeout 200 python3 benchmarks/explore_timeline.py --rotate 8 --variants default \
         --out "$R/timeline-cold.json" 2>&1 | tail -30 ;;
     sweep) timeout 300 python3 benchmarks/explore_engine.py --out "$R/engine-sweep.json" 2>&1 | grep -E "size|best" ;;
     *) echo "unknown step $step" ;;

@@ -37,24 +37,11 @@ __attribute__((target("avx2"))) void copy_nt_avx2(char* dst, const char* src, si
   memcpy(dst, src, n - blocks * 128);
   _mm_sfence();  // streaming stores are weakly ordered: make them visible before the DMA
 }
-
-// Experiment (CMT_COPY=demote): plain stores, then each written line is pushed out of the core's
-// private caches to the shared L3 (CLDEMOTE; a no-op on CPUs without it), so that the DMA reads it
-// from L3 instead of snooping it out of a core's L2 or reading it back from DRAM.
-void copy_demote(char* dst, const char* src, size_t n) {
-  constexpr size_t kStep = 32 << 10;
-  for (size_t o = 0; o < n; o += kStep) {
-    size_t len = n - o < kStep ? n - o : kStep;
-    memcpy(dst + o, src + o, len);
-    for (size_t i = 0; i < len; i += 64) asm volatile(".byte 0x0f, 0x1c, 0x07" ::"D"(dst + o + i) : "memory");
-  }
-}
 #endif
 
-// -1: as the plan says; 0: never (CMT_COPY=memcpy); 1: always (CMT_COPY=stream); 2: CMT_COPY=demote.
+// -1: as the plan says; 0: never (CMT_COPY=memcpy); 1: always (CMT_COPY=stream).
 int streaming_override() {
   static const int v = [] {
-    if (env::is("CMT_COPY", "demote")) return 2;
     if (env::is("CMT_COPY", "stream")) return 1;
     if (env::is("CMT_COPY", "memcpy")) return 0;
     return -1;
@@ -77,7 +64,6 @@ void copy_stream(void* dst, const void* src, size_t n, bool streaming) {
   int force = streaming_override();
   if (force >= 0) streaming = force == 1;
 #if defined(__x86_64__)
-  if (force == 2) return copy_demote(static_cast<char*>(dst), static_cast<const char*>(src), n);
   if (streaming && n >= 4096 && cpu_can_stream()) {
     return copy_nt_avx2(static_cast<char*>(dst), static_cast<const char*>(src), n);
   }

@@ -236,9 +236,9 @@ def confirm(measure: Measure, direction: str, nbytes: int, settings: EngineSetti
 def pick_measured(measure: Measure, direction: str, nbytes: int, shortlist: Sequence[EngineSettings],
                   n_candidates: int, opts: Options = Options(), tick: Tick | None = None) -> SizeResult:
     """The instant search's last step: a few candidates measured side by side (the model's best
-    guesses and the settings in force), the best median wins and is measured against the driver's
-    copy. A model misses what it does not describe (a staging ring that spills the CPU caches, say);
-    a few samples of each guess catch that for little time."""
+    guesses and the settings in force), the best median wins, is tried with the other store mode,
+    and is measured against the driver's copy. A model misses what it does not describe (a staging
+    ring that spills the CPU caches, say); a few samples of each guess catch that for little time."""
     s = _Samples(measure, direction, nbytes, tick)
     pageable = s.top_up(None, opts.final_samples)
     if not shortlist:
@@ -246,6 +246,7 @@ def pick_measured(measure: Measure, direction: str, nbytes: int, shortlist: Sequ
     for c in shortlist:
         s.top_up(c, opts.shortlist_samples)
     best = max(shortlist, key=lambda c: (s.median(c), [-x for x in resource(c)]))
+    best = _store_mode(s, best, opts)  # the model has no term for it: measured, as in the full search
     staged = s.top_up(best, max(opts.final_samples, opts.shortlist_samples))
     return SizeResult(direction, nbytes, best, staged, pageable, n_candidates, s.count)
 
