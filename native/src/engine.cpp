@@ -39,6 +39,18 @@ inline void cpu_relax() {
 #endif
 }
 
+// A lane waiting for another lane's work spins briefly, then yields its CPU on every round: with
+// as many lanes as CPUs, a lane preempted by any other thread would otherwise leave the spinning
+// ones burning whole scheduler time slices (measured on the H200 machine: copies of 1 MiB taking
+// milliseconds now and then).
+struct Backoff {
+  int spins = 0;
+  void pause() {
+    if (++spins < 512) cpu_relax();  // some µs, then a yield per round
+    else sched_yield();
+  }
+};
+
 using Clock = std::chrono::steady_clock;
 
 // How long idle workers spin before sleeping: back-to-back copies (a model's tensors) then start
@@ -287,17 +299,20 @@ void Engine::worker_main(int index, uint64_t seen) {
   char name[16];
   snprintf(name, sizeof name, "cmt-copy-%d", index);
   pthread_setname_np(pthread_self(), name);
+  bool spin = false;  // only a worker the last copy used spins for the next: idle ones leave the CPUs to the lanes
   for (;;) {
     uint64_t t = ticket_.load(std::memory_order_acquire);
     if ((t >> 8) == seen) {
       auto until = Clock::now() + spin_time();
-      while ((ticket_.load(std::memory_order_acquire) >> 8) == seen && Clock::now() < until) cpu_relax();
+      while (spin && (ticket_.load(std::memory_order_acquire) >> 8) == seen && Clock::now() < until) cpu_relax();
+      spin = false;
       std::unique_lock<std::mutex> lock(wake_mutex_);
       wake_cv_.wait(lock, [&] { return (ticket_.load(std::memory_order_acquire) >> 8) != seen; });
       continue;
     }
     seen = t >> 8;
-    if (index >= static_cast<int>(t & 0xff)) continue;  // not needed for this copy
+    spin = index < static_cast<int>(t & 0xff);
+    if (!spin) continue;  // not needed for this copy
     if (thread_ctx_[index] != job_.ctx) {
       bool first = thread_ctx_[index] == nullptr;
       CUresult r = d_.cuCtxSetCurrent(job_.ctx);
@@ -320,9 +335,10 @@ void Engine::worker_main(int index, uint64_t seen) {
 
 // Spins until the slot's DMA for `round` has been queued; false if the copy failed meanwhile.
 bool Engine::wait_issued(Slot& s, long round) {
+  Backoff backoff;
   while (s.issued.load(std::memory_order_acquire) < round) {
     if (job_.error.load(std::memory_order_relaxed) != CUDA_SUCCESS) return false;
-    cpu_relax();
+    backoff.pause();
   }
   return true;
 }
@@ -341,9 +357,10 @@ bool Engine::wait_done(Slot& s, long round) {
     }
   }
   if (!syncer) {
+    Backoff backoff;
     while (s.known_done.load(std::memory_order_acquire) < round) {
       if (job_.error.load(std::memory_order_relaxed) != CUDA_SUCCESS) return false;
-      cpu_relax();
+      backoff.pause();
     }
     return true;
   }
@@ -572,11 +589,8 @@ CUresult Engine::copy(const CopyRequest& req) {
     wake_cv_.notify_all();
   }
   run_lane(0);
-  auto spin_until = Clock::now() + std::chrono::milliseconds(1);
-  while (j.remaining.load(std::memory_order_acquire) != 0) {
-    if (Clock::now() < spin_until) cpu_relax();
-    else sched_yield();
-  }
+  Backoff backoff;
+  while (j.remaining.load(std::memory_order_acquire) != 0) backoff.pause();
   restore();
 
   CUresult err = j.error.load(std::memory_order_relaxed);
