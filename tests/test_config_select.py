@@ -56,7 +56,7 @@ def test_order_config_env_user_file_profile_defaults(home, monkeypatch):
     # nothing tuned: the shipped H200 profile
     sel = cfg.select(None)
     assert sel.path == cfg.PROFILES_DIR / f"{H200_SLUG}.json" and sel.reason.startswith("shipped profile")
-    assert sel.config.search == "sweep"
+    assert sel.config.search == "full"
     # the user's tuned file for this machine beats it
     mine = write(cfg.user_dir() / cfg.file_name(H200_SLUG), tuned(H200, threads=5))
     sel = cfg.select(None)
