@@ -40,24 +40,22 @@ def dma_analysis(tl: dict, lanes_done_us: float) -> dict:
     """From the GPU's [start, end] of every DMA (µs after the copy's start on the DMA stream):
     how long the copy engine was busy and idle, and its rate while the lanes were still copying
     and after (the two clocks are aligned at the copy's start, to a few µs)."""
-    gpu = sorted(tl.get("dma_gpu") or [])
-    if not gpu:
+    times = tl.get("dma_gpu") or []
+    if not times:
         return {}
-    sizes = dict(enumerate(tl["block_bytes"]))
-    order = sorted(range(len(tl["dma_gpu"])), key=lambda b: tl["dma_gpu"][b][0])
-    busy = sum(e - s for s, e in gpu)
-    span = gpu[-1][1] - gpu[0][0]
+    # (start, end, bytes) of each DMA, in the order the copy engine ran them
+    dmas = sorted((s, e, n) for (s, e), n in zip(times, tl["block_bytes"], strict=True))
+    busy = sum(e - s for s, e, _ in dmas)
 
-    def rate(blocks: list[int]) -> float:
-        t = sum(tl["dma_gpu"][b][1] - tl["dma_gpu"][b][0] for b in blocks)
-        return round(sum(sizes[b] for b in blocks) / t / 1e3, 1) if t > 0 else 0.0
+    def rate(part: list[tuple[float, float, int]]) -> float:
+        t = sum(e - s for s, e, _ in part)
+        return round(sum(n for *_, n in part) / t / 1e3, 1) if t > 0 else 0.0
 
-    during = [b for b in order if tl["dma_gpu"][b][1] <= lanes_done_us]
-    after = [b for b in order if tl["dma_gpu"][b][0] >= lanes_done_us]
-    return {"dma_first_start": round(gpu[0][0], 1), "dma_last_end": round(gpu[-1][1], 1),
-            "dma_busy": round(busy, 1), "dma_idle": round(span - busy, 1),
-            "dma_gbps_busy": rate(order), "dma_gbps_while_filling": rate(during), "dma_gbps_after": rate(after),
-            "dma_gpu": [[round(s, 1), round(e, 1)] for s, e in tl["dma_gpu"]]}
+    return {"dma_first_start": round(dmas[0][0], 1), "dma_last_end": round(dmas[-1][1], 1),
+            "dma_busy": round(busy, 1), "dma_idle": round(dmas[-1][1] - dmas[0][0] - busy, 1),
+            "dma_gbps_busy": rate(dmas), "dma_gbps_while_filling": rate([d for d in dmas if d[1] <= lanes_done_us]),
+            "dma_gbps_after": rate([d for d in dmas if d[0] >= lanes_done_us]),
+            "dma_gpu": [[round(s, 1), round(e, 1)] for s, e in times]}
 
 
 def summarise(tl: dict, t_call: int, t_synced: int) -> dict:

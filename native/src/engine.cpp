@@ -194,6 +194,7 @@ class Engine {
  public:
   CUresult copy(const CopyRequest& req);
   void forget() { forked_ = true; }
+  std::string dma_gpu_times();
 
  private:
   ContextResources* resources_for(CUcontext ctx, int slots);
@@ -206,11 +207,6 @@ class Engine {
   void fault_ahead(size_t upto);
   CUresult queue_dma(size_t b);
   void trace_gpu_begin(ContextResources* res, size_t blocks);
-
- public:
-  std::string dma_gpu_times();
-
- private:
   bool wait_issued(Slot& s, long round);
   bool wait_done(Slot& s, long round);
   void fail(CUresult r);
@@ -229,9 +225,8 @@ class Engine {
   std::mutex wake_mutex_;
   std::condition_variable wake_cv_;
   std::atomic<bool> forked_{false};
-  // CMT_TRACE: the context whose timing events hold the last copy's DMA times (else nullptr).
+  // CMT_TRACE: the context whose timing events hold the last copy's (job_'s) DMA times, else nullptr.
   ContextResources* trace_res_ = nullptr;
-  size_t trace_blocks_ = 0;
   std::mutex trace_order_;  // one DMA queued at a time, so that its timing events bracket it alone
 };
 
@@ -458,7 +453,6 @@ bool Engine::process_dtoh(size_t p) {
 // CMT_TRACE: GPU timestamps before and after every DMA of this copy, relative to a base event
 // recorded now, tell a DMA slowed by the CPU's memory traffic from a DMA starved of filled blocks.
 void Engine::trace_gpu_begin(ContextResources* res, size_t blocks) {
-  trace_res_ = nullptr;
   if (!d_.cuEventElapsedTime) return;
   while (res->timing.size() < 1 + 2 * blocks) {
     CUevent e = nullptr;
@@ -467,7 +461,6 @@ void Engine::trace_gpu_begin(ContextResources* res, size_t blocks) {
   }
   if (d_.cuEventRecord(res->timing[0], res->stream) != CUDA_SUCCESS) return;
   trace_res_ = res;
-  trace_blocks_ = blocks;
 }
 
 // The last traced copy's DMAs as JSON [[start_us, end_us], ...] from its base event; waits for them.
@@ -476,7 +469,7 @@ std::string Engine::dma_gpu_times() {
   if (!trace_res_) return {};
   const std::vector<CUevent>& ev = trace_res_->timing;
   std::string s = "[";
-  for (size_t b = 0; b < trace_blocks_; ++b) {
+  for (size_t b = 0; b < job_.blocks; ++b) {
     float start = 0, end = 0;
     if (d_.cuEventSynchronize(ev[2 + 2 * b]) != CUDA_SUCCESS ||
         d_.cuEventElapsedTime(&start, ev[0], ev[1 + 2 * b]) != CUDA_SUCCESS ||
@@ -521,6 +514,7 @@ CUresult Engine::copy(const CopyRequest& req) {
   Job& j = job_;
   j.bytes = req.bytes;
   j.fixed_piece = piece_override;
+  trace_res_ = nullptr;  // the last copy's DMA times describe its blocks, about to be replaced
   j.cut(block, ramp, threads);
   int slots = static_cast<int>(std::min<size_t>(std::clamp(st.buffers, 1, kMaxSlots), j.blocks));
   ContextResources* res = resources_for(req.ctx, slots);
