@@ -29,7 +29,7 @@ GRID = {
     ("d2h", 64 * MIB): [(6, 4, 4 * MIB, False), (10, 4, 8 * MIB, False), (14, 8, 4 * MIB, False),
                         (12, 16, 2 * MIB, False)],
 }
-VARIANTS = {"default": {}, "spin": {"CMT_SPIN_US": "20000"}}
+VARIANTS = {"default": {}, "spin": {"CMT_SPIN_US": "20000"}, "demote": {"CMT_DEMOTE": "1"}}
 
 
 def us(ns: float) -> float:
@@ -121,7 +121,7 @@ def main() -> None:
     ap.add_argument("--out")
     ap.add_argument("--rotate", type=int, default=1,
                     help="host buffers used in turn (8: sources not in the CPU's caches)")
-    ap.add_argument("--variants", default="default,spin", help="environments to run: default, spin")
+    ap.add_argument("--variants", default="default,spin", help="environments to run: " + ", ".join(VARIANTS))
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:

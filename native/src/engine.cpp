@@ -400,6 +400,7 @@ bool Engine::process_htod(size_t p) {
   if (!wait_issued(s, round - 1) || !wait_done(s, round - 1)) return false;
   size_t off = i * job_.piece_len[b], len = std::min(job_.piece_len[b], job_.block_len(b) - off);
   copy_stream(static_cast<char*>(s.mem) + off, job_.host + job_.block_off[b] + off, len, job_.stream_stores);
+  demote_staging(static_cast<char*>(s.mem) + off, len);
   if (s.pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // this lane completed the block
     CUresult r = queue_dma(b);
     if (r != CUDA_SUCCESS) {
@@ -435,6 +436,7 @@ bool Engine::process_dtoh(size_t p) {
   if (job_.prefault) fault_ahead(job_.block_off[b] + off + len + kFaultLookahead);
   if (!wait_issued(s, round) || !wait_done(s, round)) return false;
   copy_stream(dst, static_cast<char*>(s.mem) + off, len, job_.stream_stores);
+  demote_staging(static_cast<char*>(s.mem) + off, len);
   if (s.pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // slot drained: refill it
     size_t next = b + job_.slots;
     if (next < job_.blocks) {
