@@ -190,7 +190,7 @@ int main() {
       std::vector<double> dma, cpu_out;
       for (int r = 0; r < 8; ++r) {
         auto fill = [&](int t) {
-          size_t part = 64 * MIB / threads, o = t * part;
+          size_t part = (64 * MIB / threads) & ~size_t(4095), o = t * part;  // aligned for streaming stores
           if (h == "nt") {
             for (size_t i = 0; i < part; i += 32)
               _mm256_stream_si256(reinterpret_cast<__m256i*>(pin + o + i),
@@ -224,7 +224,7 @@ int main() {
         std::vector<std::thread> ts;
         for (int t = 0; t < threads; ++t)
           ts.emplace_back([&, t] {
-            size_t part = 64 * MIB / threads, o = t * part;
+            size_t part = (64 * MIB / threads) & ~size_t(4095), o = t * part;  // aligned for streaming stores
             memcpy(dst.data() + o, pin + o, part);
           });
         for (auto& t : ts) t.join();

@@ -29,7 +29,8 @@ GRID = {
     ("d2h", 64 * MIB): [(6, 4, 4 * MIB, False), (10, 4, 8 * MIB, False), (14, 8, 4 * MIB, False),
                         (12, 16, 2 * MIB, False)],
 }
-VARIANTS = {"default": {}, "spin": {"CMT_SPIN_US": "20000"}, "demote": {"CMT_DEMOTE": "1"}}
+VARIANTS = {"default": {}, "spin": {"CMT_SPIN_US": "20000"},
+            "cached-ramps": {"CMT_RAMP_STREAM": "0"}, "stream-ramps": {"CMT_RAMP_STREAM": "2"}}
 
 
 def us(ns: float) -> float:
@@ -55,7 +56,8 @@ def dma_analysis(tl: dict, lanes_done_us: float) -> dict:
             "dma_busy": round(busy, 1), "dma_idle": round(dmas[-1][1] - dmas[0][0] - busy, 1),
             "dma_gbps_busy": rate(dmas), "dma_gbps_while_filling": rate([d for d in dmas if d[1] <= lanes_done_us]),
             "dma_gbps_after": rate([d for d in dmas if d[0] >= lanes_done_us]),
-            "dma_gpu": [[round(s, 1), round(e, 1)] for s, e in times]}
+            "dma_gpu": [[round(s, 1), round(e, 1)] for s, e in times],
+            "block_bytes": tl["block_bytes"], "block_stream": tl.get("block_stream")}
 
 
 def summarise(tl: dict, t_call: int, t_synced: int) -> dict:

@@ -238,7 +238,7 @@ with copy_sweep.CopyBench(drv, dev, 8 << 20) as b:
     for direction, line in enumerate(proc.stdout.strip().splitlines()[-2:]):
         tl = json.loads(line)
         assert tl["direction"] == direction and tl["bytes"] == 8 << 20 and tl["blocks"] == 8 and tl["lanes"] == 3
-        assert tl["block_bytes"] == [1 << 20] * 8
+        assert tl["block_bytes"] == [1 << 20] * 8 and tl["block_stream"] == [0] * 8
         steps = tl["steps"]
         names = [s[2] for s in steps]
         assert names[0] == "copy_start" and names[-1] == "copy_end"
@@ -253,6 +253,32 @@ with copy_sweep.CopyBench(drv, dev, 8 << 20) as b:
         assert all(gpu[i][1] <= gpu[i + 1][0] for i in range(7)), gpu
     untraced = run_python("from cmt import native; print(native.last_timeline())")
     assert untraced.returncode == 0 and untraced.stdout.strip() == "None", untraced.stderr
+
+
+@pytest.mark.parametrize("ramp_stream", ["0", "1", "2"])
+def test_host_to_device_ramp_blocks_use_streaming_stores(run_python, ramp_stream):
+    """With cached stores the blocks DMA'd right after they are filled (the ramps) would be read from
+    the lanes' private caches; CMT_RAMP_STREAM picks which ramps stream instead (1, the default:
+    the ramp down). Device-to-host copies keep the rule's stores."""
+    code = """
+import json
+from cmt import cuda, native
+from cmt.bench import copy_sweep
+drv = cuda.load()
+with copy_sweep.CopyBench(drv, drv.open_device(0), 8 << 20) as b:
+    for direction in ("h2d", "d2h"):
+        b.copy_seconds("cmt", direction, 8 << 20, copy_sweep.EngineSettings(3, 4, 1 << 20))
+        print(json.dumps(native.last_timeline()))
+"""
+    proc = run_python(code, env={"CMT_TRACE": "1", "CMT_RAMP_STREAM": ramp_stream})
+    assert proc.returncode == 0, proc.stderr
+    h2d, d2h = (json.loads(line) for line in proc.stdout.strip().splitlines()[-2:])
+    # 8 MiB in 1 MiB blocks: ramp up 128K 256K 512K, six full blocks, ramp down 576K 320K 128K 128K
+    sizes = [128 << 10, 256 << 10, 512 << 10] + [1 << 20] * 6 + [576 << 10, 320 << 10, 128 << 10, 128 << 10]
+    assert h2d["block_bytes"] == sizes == d2h["block_bytes"]
+    up, down = [int(ramp_stream == "2")] * 3, [int(ramp_stream != "0")] * 4
+    assert h2d["block_stream"] == up + [0] * 6 + down
+    assert d2h["block_stream"] == [0] * 13
 
 
 def test_cmt_mode_below_the_plans_minimum_makes_the_programs_own_call(run_python):

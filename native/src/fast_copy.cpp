@@ -5,7 +5,6 @@
 #include <cstring>
 
 #if defined(__x86_64__)
-#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -59,28 +58,7 @@ bool cpu_can_stream() {
 #endif
 }
 
-#if defined(__x86_64__)
-__attribute__((target("cldemote"))) void demote_lines(const char* p, size_t n) {
-  for (const char* end = p + n; p < end; p += 64) _cldemote(const_cast<char*>(p));
-}
-
-bool cpu_can_demote() {
-  unsigned a, b, c, d;
-  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 25));  // CPUID.7.0:ECX.CLDEMOTE
-}
-#endif
-
 }  // namespace
-
-void demote_staging(const void* staging, size_t n) {
-#if defined(__x86_64__)
-  static const bool on = env::flag("CMT_DEMOTE") && cpu_can_demote();
-  if (on) demote_lines(static_cast<const char*>(staging), n);
-#else
-  (void)staging;
-  (void)n;
-#endif
-}
 
 void copy_stream(void* dst, const void* src, size_t n, bool streaming) {
   int force = streaming_override();

@@ -10,9 +10,4 @@ namespace cmt {
 // 1 GiB), so it is a per-rule setting of the plan. CMT_COPY=stream|memcpy overrides it.
 void copy_stream(void* dst, const void* src, size_t n, bool streaming);
 
-// Experimental (CMT_DEMOTE=1, CPUs with CLDEMOTE): pushes the staging lines a lane has just
-// written or read out of its core's private caches into the shared last-level cache, so that the
-// DMA that reads or overwrites them next need not snoop the core.
-void demote_staging(const void* staging, size_t n);
-
 }  // namespace cmt
