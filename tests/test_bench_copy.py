@@ -255,11 +255,11 @@ with copy_sweep.CopyBench(drv, dev, 8 << 20) as b:
     assert untraced.returncode == 0 and untraced.stdout.strip() == "None", untraced.stderr
 
 
-@pytest.mark.parametrize("ramp_stream", ["0", "1", "2"])
+@pytest.mark.parametrize("ramp_stream", ["", "0", "1", "2"])
 def test_host_to_device_ramp_blocks_use_streaming_stores(run_python, ramp_stream):
-    """With cached stores the blocks DMA'd right after they are filled (the ramps) would be read from
-    the lanes' private caches; CMT_RAMP_STREAM picks which ramps stream instead (1, the default:
-    the ramp down). Device-to-host copies keep the rule's stores."""
+    """CMT_RAMP_STREAM (an engine experiment) picks which host-to-device ramps are filled with
+    streaming stores whatever the rule says: none (0, the default), the ramp down (1), both (2).
+    Device-to-host copies keep the rule's stores."""
     code = """
 import json
 from cmt import cuda, native
@@ -270,13 +270,14 @@ with copy_sweep.CopyBench(drv, drv.open_device(0), 8 << 20) as b:
         b.copy_seconds("cmt", direction, 8 << 20, copy_sweep.EngineSettings(3, 4, 1 << 20))
         print(json.dumps(native.last_timeline()))
 """
-    proc = run_python(code, env={"CMT_TRACE": "1", "CMT_RAMP_STREAM": ramp_stream})
+    env = {"CMT_TRACE": "1", **({"CMT_RAMP_STREAM": ramp_stream} if ramp_stream else {})}
+    proc = run_python(code, env=env)
     assert proc.returncode == 0, proc.stderr
     h2d, d2h = (json.loads(line) for line in proc.stdout.strip().splitlines()[-2:])
     # 8 MiB in 1 MiB blocks: ramp up 128K 256K 512K, six full blocks, ramp down 576K 320K 128K 128K
     sizes = [128 << 10, 256 << 10, 512 << 10] + [1 << 20] * 6 + [576 << 10, 320 << 10, 128 << 10, 128 << 10]
     assert h2d["block_bytes"] == sizes == d2h["block_bytes"]
-    up, down = [int(ramp_stream == "2")] * 3, [int(ramp_stream != "0")] * 4
+    up, down = [int(ramp_stream == "2")] * 3, [int(ramp_stream in ("1", "2"))] * 4
     assert h2d["block_stream"] == up + [0] * 6 + down
     assert d2h["block_stream"] == [0] * 13
 

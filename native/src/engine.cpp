@@ -180,12 +180,14 @@ void Job::cut(size_t chunk, bool ramp, int lanes) {
     block_off.push_back(block_off.back() + n);
     rem -= n;
   };
-  // Host-to-device ramp blocks get streaming stores (CMT_RAMP_STREAM: 0 none, 1 the ramp down,
-  // 2 both ramps). A block is DMA'd as soon as it is filled; with cached stores the copy engine
-  // then reads lines still modified in the lanes' private caches, which on the H200 host runs at
-  // 20-25 GB/s for the ramp-down blocks (the lanes write nothing after them that would evict the
-  // lines) against 45-50 GB/s with streaming stores (timeline-ramp.json).
-  static const long ramp_stream = env::number("CMT_RAMP_STREAM", 1);
+  // Experiment (CMT_RAMP_STREAM: 0 none (default), 1 the ramp down, 2 both ramps): host-to-device
+  // ramp blocks filled with streaming stores whatever the rule says. A block is DMA'd as soon as
+  // it is filled; with cached stores the copy engine reads lines still in the lanes' private
+  // caches, and on the H200 host the ramp-down blocks, after which the lanes write nothing that
+  // would evict them, ran at 20-25 GB/s against 40-53 with streaming stores. But the last full
+  // block's DMA then slowed from 45-54 to 27-37 GB/s (the streaming writes no longer evict its
+  // lines either), so the whole copy gained nothing (timeline-ramp.json, 2026-12-03): off.
+  static const long ramp_stream = env::number("CMT_RAMP_STREAM", 0);
   stream_below = 0;
   stream_from = SIZE_MAX;
   for (size_t s = first; s < chunk && rem; s *= 2) take(s);  // ramp up
