@@ -255,11 +255,12 @@ with copy_sweep.CopyBench(drv, dev, 8 << 20) as b:
     assert untraced.returncode == 0 and untraced.stdout.strip() == "None", untraced.stderr
 
 
-@pytest.mark.parametrize("ramp_stream", ["", "0", "1", "2"])
-def test_host_to_device_ramp_blocks_use_streaming_stores(run_python, ramp_stream):
+@pytest.mark.parametrize(("ramp_stream", "full"), [("", ""), ("0", "2"), ("1", ""), ("2", ""), ("1", "2")])
+def test_host_to_device_ramp_blocks_use_streaming_stores(run_python, ramp_stream, full):
     """CMT_RAMP_STREAM (an engine experiment) picks which host-to-device ramps are filled with
-    streaming stores whatever the rule says: none (0, the default), the ramp down (1), both (2).
-    Device-to-host copies keep the rule's stores."""
+    streaming stores whatever the rule says: none (0, the default), the ramp down (1), both (2);
+    CMT_RAMP_STREAM_FULL=K adds the last K full blocks to a streamed ramp down. Device-to-host
+    copies keep the rule's stores."""
     code = """
 import json
 from cmt import cuda, native
@@ -270,7 +271,8 @@ with copy_sweep.CopyBench(drv, drv.open_device(0), 8 << 20) as b:
         b.copy_seconds("cmt", direction, 8 << 20, copy_sweep.EngineSettings(3, 4, 1 << 20))
         print(json.dumps(native.last_timeline()))
 """
-    env = {"CMT_TRACE": "1", **({"CMT_RAMP_STREAM": ramp_stream} if ramp_stream else {})}
+    env = {"CMT_TRACE": "1", **({"CMT_RAMP_STREAM": ramp_stream} if ramp_stream else {}),
+           **({"CMT_RAMP_STREAM_FULL": full} if full else {})}
     proc = run_python(code, env=env)
     assert proc.returncode == 0, proc.stderr
     h2d, d2h = (json.loads(line) for line in proc.stdout.strip().splitlines()[-2:])
@@ -278,7 +280,8 @@ with copy_sweep.CopyBench(drv, drv.open_device(0), 8 << 20) as b:
     sizes = [128 << 10, 256 << 10, 512 << 10] + [1 << 20] * 6 + [576 << 10, 320 << 10, 128 << 10, 128 << 10]
     assert h2d["block_bytes"] == sizes == d2h["block_bytes"]
     up, down = [int(ramp_stream == "2")] * 3, [int(ramp_stream in ("1", "2"))] * 4
-    assert h2d["block_stream"] == up + [0] * 6 + down
+    last_full = [int(ramp_stream in ("1", "2") and full == "2")] * 2
+    assert h2d["block_stream"] == up + [0] * 4 + last_full + down
     assert d2h["block_stream"] == [0] * 13
 
 

@@ -187,13 +187,18 @@ void Job::cut(size_t chunk, bool ramp, int lanes) {
   // would evict them, ran at 20-25 GB/s against 40-53 with streaming stores. But the last full
   // block's DMA then slowed from 45-54 to 27-37 GB/s (the streaming writes no longer evict its
   // lines either), so the whole copy gained nothing (timeline-ramp.json, 2026-12-03): off.
+  // CMT_RAMP_STREAM_FULL=K streams the last K full blocks too (then the block before them slowed
+  // instead; no gain either).
   static const long ramp_stream = env::number("CMT_RAMP_STREAM", 0);
+  static const size_t full_streamed = static_cast<size_t>(std::max(0L, env::number("CMT_RAMP_STREAM_FULL", 0)));
   stream_below = 0;
   stream_from = SIZE_MAX;
   for (size_t s = first; s < chunk && rem; s *= 2) take(s);  // ramp up
-  if (ramp && ramp_stream > 1) stream_below = block_off.size() - 1;
+  const size_t ramp_up_end = block_off.size() - 1;
+  if (ramp && ramp_stream > 1) stream_below = ramp_up_end;
   while (rem > (ramp ? 2 * chunk : 0)) take(chunk);           // full blocks
-  if (ramp && ramp_stream > 0) stream_from = block_off.size() - 1;
+  const size_t full_end = block_off.size() - 1;
+  if (ramp && ramp_stream > 0) stream_from = full_end - std::min(full_streamed, full_end - ramp_up_end);
   while (rem > first) take(std::min(chunk, (rem / 2 + kMinPiece - 1) & ~(kMinPiece - 1)));  // ramp down
   if (rem) take(rem);
   blocks = block_off.size() - 1;
