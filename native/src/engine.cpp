@@ -184,11 +184,11 @@ void Job::cut(size_t chunk, bool ramp, int lanes) {
   // ramp blocks filled with streaming stores whatever the rule says. A block is DMA'd as soon as
   // it is filled; with cached stores the copy engine reads lines still in the lanes' private
   // caches, and on the H200 host the ramp-down blocks, after which the lanes write nothing that
-  // would evict them, ran at 20-25 GB/s against 40-53 with streaming stores. But the last full
-  // block's DMA then slowed from 45-54 to 27-37 GB/s (the streaming writes no longer evict its
-  // lines either), so the whole copy gained nothing (timeline-ramp.json, 2026-12-03): off.
-  // CMT_RAMP_STREAM_FULL=K streams the last K full blocks too (then the block before them slowed
-  // instead; no gain either).
+  // would evict them, ran at 17-41 GB/s (mostly below 25) against 29-53 with streaming stores.
+  // But the last full block's DMA then slowed from 45-54 to 27-37 GB/s (the streaming writes no
+  // longer evict its lines either), so the whole copy gained nothing (timeline-ramp.json,
+  // 2026-12-03): off. CMT_RAMP_STREAM_FULL=K streams the last K full blocks too (then the block
+  // before them slowed instead; no gain either).
   static const long ramp_stream = env::number("CMT_RAMP_STREAM", 0);
   static const size_t full_streamed = static_cast<size_t>(std::max(0L, env::number("CMT_RAMP_STREAM_FULL", 0)));
   stream_below = 0;
