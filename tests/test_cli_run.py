@@ -62,6 +62,22 @@ def test_signals_are_forwarded():
     assert p.wait(timeout=30) == 42
 
 
+def test_signal_before_the_child_exists_still_reaches_it():
+    """`cmt profile` runs CMD as a child: a SIGTERM that lands while the child is being started
+    (here: just before) is held and forwarded, not the end of the parent with the child left over."""
+    code = ("import signal, os, subprocess, sys\n"
+            "from cmt import launcher\n"
+            "real = subprocess.Popen\n"
+            "def popen(*a, **kw):\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    return real(*a, **kw)\n"
+            "subprocess.Popen = popen\n"
+            "child = 'import time; time.sleep(60)'\n"
+            "sys.exit(launcher.run([sys.executable, '-c', child], os.environ))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 128 + signal.SIGTERM, r.stderr
+
+
 def test_command_killed_by_a_signal_ends_the_same_way():
     # cmt run becomes the command (exec): a shell sees exactly what it would see without cmt.
     r = cmt("run", "--", sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")

@@ -67,17 +67,26 @@ def run(argv: Sequence[str], env: Mapping[str, str]) -> int:
     """Runs argv as a child (for commands that report after it ends: `cmt profile`), forwarding
     signals, and returns its exit status the way a shell reports it."""
     cmd = resolve_command(argv)
-    with _launch_errors(cmd[0]):
-        child = subprocess.Popen(cmd, env=dict(env))
+    child: subprocess.Popen | None = None
+    pending: list[int] = []  # signals that came before the child existed
 
     def forward(signum, _frame):
+        if child is None:
+            pending.append(signum)
+            return
         try:
             child.send_signal(signum)
         except ProcessLookupError:
             pass
 
+    # The handlers go in before the child starts: a signal in between would otherwise end this
+    # process with the default action and leave the child running, holding its output open.
     previous = {s: signal.signal(s, forward) for s in _FORWARDED}
     try:
+        with _launch_errors(cmd[0]):
+            child = subprocess.Popen(cmd, env=dict(env))
+        for signum in pending:
+            forward(signum, None)
         while True:
             try:
                 code = child.wait()
