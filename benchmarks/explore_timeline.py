@@ -33,7 +33,9 @@ VARIANTS = {"default": {}, "spin": {"CMT_SPIN_US": "20000"},
             "cached-ramps": {"CMT_RAMP_STREAM": "0"}, "stream-down": {"CMT_RAMP_STREAM": "1"},
             "stream-ramps": {"CMT_RAMP_STREAM": "2"},
             "stream-down-full1": {"CMT_RAMP_STREAM": "1", "CMT_RAMP_STREAM_FULL": "1"},
-            "stream-down-full2": {"CMT_RAMP_STREAM": "1", "CMT_RAMP_STREAM_FULL": "2"}}
+            "stream-down-full2": {"CMT_RAMP_STREAM": "1", "CMT_RAMP_STREAM_FULL": "2"},
+            "stream-up": {"CMT_RAMP_STREAM": "3"},
+            "flush": {"CMT_FLUSH": "1"}, "flush-stream-up": {"CMT_FLUSH": "1", "CMT_RAMP_STREAM": "3"}}
 
 
 def us(ns: float) -> float:
@@ -127,7 +129,7 @@ def main() -> None:
     ap.add_argument("--rotate", type=int, default=1,
                     help="host buffers used in turn (8: sources not in the CPU's caches)")
     ap.add_argument("--variants", default="default,spin", help="environments to run: " + ", ".join(VARIANTS))
-    ap.add_argument("--only", help="one direction and size in MiB, e.g. h2d:64")
+    ap.add_argument("--only", help="directions and sizes in MiB, e.g. h2d:64,d2h:64")
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -139,7 +141,7 @@ def main() -> None:
         extra = VARIANTS[variant]
         name = ",".join(f"{k}={v}" for k, v in extra.items()) or "default"
         for direction, size in GRID:
-            if args.only and args.only != f"{direction}:{size // MIB}":
+            if args.only and f"{direction}:{size // MIB}" not in args.only.split(","):
                 continue
             env = {**os.environ, "CMT_TRACE": "1", **extra}
             proc = subprocess.run([sys.executable, __file__, "--child", str(size), direction, "9", str(args.rotate)],

@@ -3,7 +3,7 @@
 # $OUT/results.tar.gz (the device tool brings back at most 8 files) and print short summaries.
 #   bash benchmarks/gpu_session.sh gputests core benchcopy
 # Steps: gputests torchtests core coretuned benchcopy workloads profiles tune (= tuneinstant tunefull tunedcopy)
-#        overhead variants sweep timeline timelinecold pinned. The archive is rewritten after every step: a call cut short by its
+#        overhead variants sweep timeline timelinecold pinned ramp. The archive is rewritten after every step: a call cut short by its
 #        time limit still brings back the steps it finished.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -46,14 +46,17 @@ for step in "${steps[@]}"; do
       done ;;
     overhead) timeout 120 python3 benchmarks/profile_overhead.py --out "$R/profile-overhead.json" 2>&1 | tail -4 ;;
     variants) timeout 300 python3 benchmarks/explore_variants.py "$R/variants.json" 2>&1 | tail -8 ;;
-    timeline) timeout 300 python3 benchmarks/explore_timeline.py \
-      --out "$R/timeline.json" 2>&1 | tail -60 ;;
+    timeline) timeout 300 python3 benchmarks/explore_timeline.py ${TIMELINE_ARGS:-} \
+      --out "$R/timeline.json" 2>&1 | tail -80 ;;
     timelinecold)  # sources used in turn from 8 buffers: not in the CPU's caches
       timeout 200 python3 benchmarks/explore_timeline.py --rotate 8 --variants default \
         --out "$R/timeline-cold.json" 2>&1 | tail -30 ;;
     pinned)  # the DMA's rate by pinned memory's origin, and under CPU memory load
       nvcc -O2 -Xcompiler -mavx2,-mcldemote,-mclflushopt -o /tmp/explore_pinned benchmarks/explore_pinned.cpp -lcuda -lpthread &&
         timeout 200 /tmp/explore_pinned | tee "$R/pinned.jsonl" ;;
+    ramp)  # the DMA rate of a ramp of blocks by what the CPU did to the staging slots just before
+      nvcc -O2 -Xcompiler -mavx2,-mclflushopt -o /tmp/explore_ramp benchmarks/explore_ramp.cpp -lcuda -lpthread &&
+        timeout 120 /tmp/explore_ramp | tee "$R/ramp.jsonl" ;;
     sweep) timeout 300 python3 benchmarks/explore_engine.py --out "$R/engine-sweep.json" 2>&1 | grep -E "size|best" ;;
     *) echo "unknown step $step" ;;
   esac

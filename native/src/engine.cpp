@@ -112,6 +112,13 @@ void advise_huge_pages(char* p, size_t len) {
 
 constexpr int kMaxSlots = kMaxBuffers;
 
+// Experiment (CMT_FLUSH=1): each lane evicts the staging lines it has just written (host-to-device)
+// or read (device-to-host) from the CPU caches, so that the DMA of that slot does not snoop them.
+bool flush_staging() {
+  static const bool on = env::number("CMT_FLUSH", 0) != 0;
+  return on;
+}
+
 struct ContextResources {
   CUcontext ctx = nullptr;
   CUstream stream = nullptr;  // every DMA of this context, in order
@@ -195,10 +202,10 @@ void Job::cut(size_t chunk, bool ramp, int lanes) {
   stream_from = SIZE_MAX;
   for (size_t s = first; s < chunk && rem; s *= 2) take(s);  // ramp up
   const size_t ramp_up_end = block_off.size() - 1;
-  if (ramp && ramp_stream > 1) stream_below = ramp_up_end;
+  if (ramp && ramp_stream > 1) stream_below = ramp_up_end;  // 2: both ramps, 3: the ramp up only
   while (rem > (ramp ? 2 * chunk : 0)) take(chunk);           // full blocks
   const size_t full_end = block_off.size() - 1;
-  if (ramp && ramp_stream > 0) stream_from = full_end - std::min(full_streamed, full_end - ramp_up_end);
+  if (ramp && (ramp_stream == 1 || ramp_stream == 2)) stream_from = full_end - std::min(full_streamed, full_end - ramp_up_end);
   while (rem > first) take(std::min(chunk, (rem / 2 + kMinPiece - 1) & ~(kMinPiece - 1)));  // ramp down
   if (rem) take(rem);
   blocks = block_off.size() - 1;
@@ -399,16 +406,16 @@ CUresult Engine::queue_dma(size_t b) {
   int si = static_cast<int>(b % job_.slots);
   Slot& s = slots_[si];
   CUdeviceptr dev = job_.device + job_.block_off[b];
+  CUstream stream = job_.res->stream;
   std::unique_lock<std::mutex> traced;
   if (trace_res_) {
     traced = std::unique_lock<std::mutex>(trace_order_);
-    d_.cuEventRecord(trace_res_->timing[1 + 2 * b], job_.res->stream);
+    d_.cuEventRecord(trace_res_->timing[1 + 2 * b], stream);
   }
-  CUresult r = job_.dir == Direction::HtoD
-                   ? d_.cuMemcpyHtoDAsync(dev, s.mem, job_.block_len(b), job_.res->stream)
-                   : d_.cuMemcpyDtoHAsync(s.mem, dev, job_.block_len(b), job_.res->stream);
-  if (trace_res_ && r == CUDA_SUCCESS) d_.cuEventRecord(trace_res_->timing[2 + 2 * b], job_.res->stream);
-  if (r == CUDA_SUCCESS) r = d_.cuEventRecord(job_.res->slot_event[si], job_.res->stream);
+  CUresult r = job_.dir == Direction::HtoD ? d_.cuMemcpyHtoDAsync(dev, s.mem, job_.block_len(b), stream)
+                                           : d_.cuMemcpyDtoHAsync(s.mem, dev, job_.block_len(b), stream);
+  if (trace_res_ && r == CUDA_SUCCESS) d_.cuEventRecord(trace_res_->timing[2 + 2 * b], stream);
+  if (r == CUDA_SUCCESS) r = d_.cuEventRecord(job_.res->slot_event[si], stream);
   if (r != CUDA_SUCCESS) return r;
   s.last_event = job_.res->slot_event[si];
   if (timeline::enabled()) timeline::note(timeline::Step::DmaQueued, static_cast<long>(b));
@@ -424,6 +431,7 @@ bool Engine::process_htod(size_t p) {
   size_t off = i * job_.piece_len[b], len = std::min(job_.piece_len[b], job_.block_len(b) - off);
   copy_stream(static_cast<char*>(s.mem) + off, job_.host + job_.block_off[b] + off, len,
               job_.streams(b));
+  if (flush_staging()) flush_lines(static_cast<char*>(s.mem) + off, len);
   if (s.pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // this lane completed the block
     CUresult r = queue_dma(b);
     if (r != CUDA_SUCCESS) {
@@ -459,6 +467,7 @@ bool Engine::process_dtoh(size_t p) {
   if (job_.prefault) fault_ahead(job_.block_off[b] + off + len + kFaultLookahead);
   if (!wait_issued(s, round) || !wait_done(s, round)) return false;
   copy_stream(dst, static_cast<char*>(s.mem) + off, len, job_.streams(b));
+  if (flush_staging()) flush_lines(static_cast<char*>(s.mem) + off, len);
   if (s.pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // slot drained: refill it
     size_t next = b + job_.slots;
     if (next < job_.blocks) {

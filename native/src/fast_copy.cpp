@@ -5,6 +5,7 @@
 #include <cstring>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -58,7 +59,34 @@ bool cpu_can_stream() {
 #endif
 }
 
+#if defined(__x86_64__)
+__attribute__((target("clflushopt"))) void flush_clflushopt(const char* p, size_t n) {
+  const char* end = p + n;
+  for (p = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(63)); p < end; p += 64) {
+    _mm_clflushopt(const_cast<char*>(p));
+  }
+  _mm_sfence();
+}
+
+bool cpu_can_flush() {
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & (1u << 23));
+  }();
+  return yes;
+}
+#endif
+
 }  // namespace
+
+void flush_lines(const void* p, size_t n) {
+#if defined(__x86_64__)
+  if (cpu_can_flush()) flush_clflushopt(static_cast<const char*>(p), n);
+#else
+  (void)p;
+  (void)n;
+#endif
+}
 
 void copy_stream(void* dst, const void* src, size_t n, bool streaming) {
   int force = streaming_override();

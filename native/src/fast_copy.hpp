@@ -10,4 +10,8 @@ namespace cmt {
 // 1 GiB), so it is a per-rule setting of the plan. CMT_COPY=stream|memcpy overrides it.
 void copy_stream(void* dst, const void* src, size_t n, bool streaming);
 
+// Writes back and evicts the lines of [p, p + n) from every CPU cache (clflushopt), where the CPU
+// has it: a DMA then finds no line to snoop in a core's private cache. Else nothing.
+void flush_lines(const void* p, size_t n);
+
 }  // namespace cmt

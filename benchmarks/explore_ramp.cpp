@@ -1,0 +1,128 @@
+// Why the first DMAs of an engine copy run slowly (timeline.json, 2026-12-03: a 64 MiB copy's
+// first 512 KiB-2 MiB blocks at 7-35 GB/s, in both directions, against 50-54 for later blocks).
+// Queues the engine's block pattern (a ramp 512K 1M 2M, then 4 MiB blocks, each at the start of one
+// of 4 pinned staging slots) on one stream, with GPU events around every DMA, after the CPU did
+// one thing to the slots: nothing, wrote them (cached or streaming stores, by 8 threads), read
+// them, wrote then flushed them, or nothing but a 2 ms idle GPU. Prints per-block GB/s medians.
+//
+//   nvcc -O2 -Xcompiler -mavx2,-mclflushopt -o /tmp/explore_ramp benchmarks/explore_ramp.cpp -lcuda -lpthread && /tmp/explore_ramp
+#include <cuda.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#define CK(x)                                                              \
+  do {                                                                     \
+    CUresult r_ = (x);                                                     \
+    if (r_ != CUDA_SUCCESS) {                                              \
+      fprintf(stderr, "%s failed: %d (line %d)\n", #x, (int)r_, __LINE__); \
+      exit(1);                                                             \
+    }                                                                      \
+  } while (0)
+
+static const size_t KIB = 1024, MIB = KIB * KIB;
+static const int kSlots = 4, kThreads = 8, kRounds = 9;
+static const std::vector<size_t> kBlocks = {512 * KIB, 1 * MIB, 2 * MIB, 4 * MIB, 4 * MIB, 4 * MIB, 4 * MIB, 4 * MIB};
+
+static char* g_slot[kSlots];
+static volatile long g_sink;
+
+// Runs fn(slot, offset, length) over every block's slot region, split over kThreads threads.
+template <class F>
+static void on_slots(F fn) {
+  std::vector<std::thread> ts;
+  for (int t = 0; t < kThreads; ++t)
+    ts.emplace_back([&, t] {
+      for (size_t b = 0; b < kBlocks.size(); ++b) {
+        size_t part = kBlocks[b] / kThreads;
+        fn(g_slot[b % kSlots] + t * part, part);
+      }
+    });
+  for (auto& th : ts) th.join();
+}
+
+static void touch(const std::string& how) {
+  if (how == "write") on_slots([](char* p, size_t n) { memset(p, 7, n); });
+  if (how == "write-nt")
+    on_slots([](char* p, size_t n) {
+      __m256i v = _mm256_set1_epi8(7);
+      for (size_t i = 0; i < n; i += 32) _mm256_stream_si256(reinterpret_cast<__m256i*>(p + i), v);
+      _mm_sfence();
+    });
+  if (how == "write-flush")
+    on_slots([](char* p, size_t n) {
+      memset(p, 7, n);
+      for (size_t i = 0; i < n; i += 64) _mm_clflushopt(p + i);
+      _mm_sfence();
+    });
+  if (how == "read")
+    on_slots([](char* p, size_t n) {
+      long s = 0;
+      for (size_t i = 0; i < n; i += 64) s += p[i];
+      g_sink = s;
+    });
+  if (how == "idle-2ms") std::this_thread::sleep_for(std::chrono::milliseconds(2));
+}
+
+int main() {
+  CK(cuInit(0));
+  CUdevice dev;
+  CUcontext ctx;
+  CK(cuDeviceGet(&dev, 0));
+  CK(cuDevicePrimaryCtxRetain(&ctx, dev));
+  CK(cuCtxSetCurrent(ctx));
+  CUstream stream;
+  CK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  size_t total = 0;
+  for (size_t n : kBlocks) total += n;
+  CUdeviceptr d;
+  CK(cuMemAlloc(&d, total));
+  for (auto& s : g_slot) {
+    CK(cuMemHostAlloc(reinterpret_cast<void**>(&s), 4 * MIB, CU_MEMHOSTALLOC_PORTABLE));
+    memset(s, 1, 4 * MIB);
+  }
+  std::vector<CUevent> ev(2 * kBlocks.size());
+  for (auto& e : ev) CK(cuEventCreate(&e, 0));
+  const char* hows[] = {"none", "idle-2ms", "write", "write-nt", "write-flush", "read"};
+  for (int h2d = 1; h2d >= 0; --h2d) {
+    for (const char* how : hows) {
+      std::vector<std::vector<double>> gbps(kBlocks.size());
+      for (int r = 0; r < kRounds + 1; ++r) {
+        CK(cuStreamSynchronize(stream));
+        touch(how);
+        size_t off = 0;
+        for (size_t b = 0; b < kBlocks.size(); ++b) {
+          char* slot = g_slot[b % kSlots];
+          CK(cuEventRecord(ev[2 * b], stream));
+          if (h2d) CK(cuMemcpyHtoDAsync(d + off, slot, kBlocks[b], stream));
+          else CK(cuMemcpyDtoHAsync(slot, d + off, kBlocks[b], stream));
+          CK(cuEventRecord(ev[2 * b + 1], stream));
+          off += kBlocks[b];
+        }
+        CK(cuStreamSynchronize(stream));
+        for (size_t b = 0; r && b < kBlocks.size(); ++b) {
+          float ms;
+          CK(cuEventElapsedTime(&ms, ev[2 * b], ev[2 * b + 1]));
+          gbps[b].push_back(kBlocks[b] / (ms * 1e6));
+        }
+      }
+      printf("{\"test\": \"ramp\", \"direction\": \"%s\", \"before\": \"%s\", \"block_kib\": [", h2d ? "h2d" : "d2h", how);
+      for (size_t b = 0; b < kBlocks.size(); ++b) printf("%s%zu", b ? ", " : "", kBlocks[b] / KIB);
+      printf("], \"gbps\": [");
+      for (size_t b = 0; b < kBlocks.size(); ++b) {
+        std::sort(gbps[b].begin(), gbps[b].end());
+        printf("%s%.1f", b ? ", " : "", gbps[b][gbps[b].size() / 2]);
+      }
+      printf("]}\n");
+      fflush(stdout);
+    }
+  }
+  return 0;
+}
