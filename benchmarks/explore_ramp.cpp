@@ -3,7 +3,7 @@
 // Queues the engine's block pattern (a ramp 512K 1M 2M, then 4 MiB blocks, each at the start of one
 // of 4 pinned staging slots) on one stream, with GPU events around every DMA, after the CPU did
 // one thing to the slots: nothing, wrote them (cached or streaming stores, by 8 threads), read
-// them, wrote then flushed them, or nothing but a 2 ms idle GPU. Prints per-block GB/s medians.
+// them (plainly or behind non-temporal prefetches), wrote then flushed them, or nothing but a 2 ms idle GPU. Prints per-block GB/s medians.
 //
 //   nvcc -O2 -Xcompiler -mavx2,-mclflushopt -o /tmp/explore_ramp benchmarks/explore_ramp.cpp -lcuda -lpthread && /tmp/explore_ramp
 #include <cuda.h>
@@ -68,6 +68,15 @@ static void touch(const std::string& how) {
       for (size_t i = 0; i < n; i += 64) s += p[i];
       g_sink = s;
     });
+  if (how == "read-nta")  // as the engine's CMT_COPY_OUT_NTA copy-out reads
+    on_slots([](char* p, size_t n) {
+      long s = 0;
+      for (size_t i = 0; i < n; i += 64) {
+        _mm_prefetch(p + i + 2048, _MM_HINT_NTA);
+        s += p[i];
+      }
+      g_sink = s;
+    });
   if (how == "idle-2ms") std::this_thread::sleep_for(std::chrono::milliseconds(2));
 }
 
@@ -90,7 +99,7 @@ int main() {
   }
   std::vector<CUevent> ev(2 * kBlocks.size());
   for (auto& e : ev) CK(cuEventCreate(&e, 0));
-  const char* hows[] = {"none", "idle-2ms", "write", "write-nt", "write-flush", "read"};
+  const char* hows[] = {"none", "idle-2ms", "write", "write-nt", "write-flush", "read", "read-nta"};
   for (int h2d = 1; h2d >= 0; --h2d) {
     for (const char* how : hows) {
       std::vector<std::vector<double>> gbps(kBlocks.size());

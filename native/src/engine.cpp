@@ -112,13 +112,6 @@ void advise_huge_pages(char* p, size_t len) {
 
 constexpr int kMaxSlots = kMaxBuffers;
 
-// Experiment (CMT_FLUSH=1): each lane evicts the staging lines it has just written (host-to-device)
-// or read (device-to-host) from the CPU caches, so that the DMA of that slot does not snoop them.
-bool flush_staging() {
-  static const bool on = env::number("CMT_FLUSH", 0) != 0;
-  return on;
-}
-
 struct ContextResources {
   CUcontext ctx = nullptr;
   CUstream stream = nullptr;  // every DMA of this context, in order
@@ -431,7 +424,6 @@ bool Engine::process_htod(size_t p) {
   size_t off = i * job_.piece_len[b], len = std::min(job_.piece_len[b], job_.block_len(b) - off);
   copy_stream(static_cast<char*>(s.mem) + off, job_.host + job_.block_off[b] + off, len,
               job_.streams(b));
-  if (flush_staging()) flush_lines(static_cast<char*>(s.mem) + off, len);
   if (s.pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // this lane completed the block
     CUresult r = queue_dma(b);
     if (r != CUDA_SUCCESS) {
@@ -466,8 +458,7 @@ bool Engine::process_dtoh(size_t p) {
   char* dst = job_.host + job_.block_off[b] + off;
   if (job_.prefault) fault_ahead(job_.block_off[b] + off + len + kFaultLookahead);
   if (!wait_issued(s, round) || !wait_done(s, round)) return false;
-  copy_stream(dst, static_cast<char*>(s.mem) + off, len, job_.streams(b));
-  if (flush_staging()) flush_lines(static_cast<char*>(s.mem) + off, len);
+  copy_out_of_staging(dst, static_cast<char*>(s.mem) + off, len, job_.streams(b));
   if (s.pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // slot drained: refill it
     size_t next = b + job_.slots;
     if (next < job_.blocks) {

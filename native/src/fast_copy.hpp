@@ -10,8 +10,9 @@ namespace cmt {
 // 1 GiB), so it is a per-rule setting of the plan. CMT_COPY=stream|memcpy overrides it.
 void copy_stream(void* dst, const void* src, size_t n, bool streaming);
 
-// Writes back and evicts the lines of [p, p + n) from every CPU cache (clflushopt), where the CPU
-// has it: a DMA then finds no line to snoop in a core's private cache. Else nothing.
-void flush_lines(const void* p, size_t n);
+// Device-to-host copy-out of a staging slot: copy_stream, or with CMT_COPY_OUT_NTA=1 (an
+// experiment) loads behind non-temporal prefetches, so that the slot's lines leave no copies in
+// the CPU's caches for the slot's next DMA to snoop.
+void copy_out_of_staging(void* dst, const void* src, size_t n, bool streaming);
 
 }  // namespace cmt
