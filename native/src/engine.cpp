@@ -188,7 +188,9 @@ void Job::cut(size_t chunk, bool ramp, int lanes) {
   // But the last full block's DMA then slowed from 45-54 to 27-37 GB/s (the streaming writes no
   // longer evict its lines either), so the whole copy gained nothing (timeline-ramp.json,
   // 2026-12-03): off. CMT_RAMP_STREAM_FULL=K streams the last K full blocks too (then the block
-  // before them slowed instead; no gain either).
+  // before them slowed instead; no gain either). 3 streams the ramp up only: its DMAs ran at 22-50
+  // GB/s against 14-42 cached, but whole copies moved within the noise between processes
+  // (timeline-flush.json, timeline-dma-streams.json).
   static const long ramp_stream = env::number("CMT_RAMP_STREAM", 0);
   static const size_t full_streamed = static_cast<size_t>(std::max(0L, env::number("CMT_RAMP_STREAM_FULL", 0)));
   stream_below = 0;
@@ -458,7 +460,7 @@ bool Engine::process_dtoh(size_t p) {
   char* dst = job_.host + job_.block_off[b] + off;
   if (job_.prefault) fault_ahead(job_.block_off[b] + off + len + kFaultLookahead);
   if (!wait_issued(s, round) || !wait_done(s, round)) return false;
-  copy_out_of_staging(dst, static_cast<char*>(s.mem) + off, len, job_.streams(b));
+  copy_stream(dst, static_cast<char*>(s.mem) + off, len, job_.streams(b));
   if (s.pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // slot drained: refill it
     size_t next = b + job_.slots;
     if (next < job_.blocks) {

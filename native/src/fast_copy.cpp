@@ -1,6 +1,5 @@
 #include "fast_copy.hpp"
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -40,45 +39,6 @@ __attribute__((target("avx2"))) void copy_nt_avx2(char* dst, const char* src, si
 }
 #endif
 
-// Copy-out of a staging slot whose lines are then not kept in the CPU's caches: every line is
-// first prefetched with the non-temporal hint (L1 only), some lines ahead of its loads. A DMA into
-// slot lines still cached from the last copy-out runs at a fraction of the link on the H200 host
-// (explore_ramp.cpp, 2026-12-03: 16-29 GB/s against 50-53 into lines no CPU read).
-__attribute__((target("avx2"))) void copy_out_nta_avx2(char* dst, const char* src, size_t n, bool streaming) {
-  constexpr size_t kAhead = 2048;
-  size_t head = (32 - (reinterpret_cast<uintptr_t>(dst) & 31)) & 31;
-  if (!streaming) head = 0;
-  memcpy(dst, src, head);
-  dst += head;
-  src += head;
-  n -= head;
-  for (size_t i = 0; i < std::min(n, kAhead); i += 64) _mm_prefetch(src + i, _MM_HINT_NTA);
-  size_t blocks = n / 128;
-  for (size_t i = 0; i < blocks; ++i) {
-    _mm_prefetch(src + kAhead, _MM_HINT_NTA);
-    _mm_prefetch(src + kAhead + 64, _MM_HINT_NTA);
-    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
-    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 32));
-    __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 64));
-    __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 96));
-    if (streaming) {
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), a);
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + 32), b);
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + 64), c);
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + 96), d);
-    } else {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), a);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32), b);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 64), c);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 96), d);
-    }
-    src += 128;
-    dst += 128;
-  }
-  memcpy(dst, src, n - blocks * 128);
-  if (streaming) _mm_sfence();
-}
-
 // -1: as the plan says; 0: never (CMT_COPY=memcpy); 1: always (CMT_COPY=stream).
 int streaming_override() {
   static const int v = [] {
@@ -98,21 +58,7 @@ bool cpu_can_stream() {
 #endif
 }
 
-
 }  // namespace
-
-void copy_out_of_staging(void* dst, const void* src, size_t n, bool streaming) {
-  static const bool nta = env::number("CMT_COPY_OUT_NTA", 0) != 0;
-#if defined(__x86_64__)
-  if (nta && n >= 4096 && cpu_can_stream()) {
-    int force = streaming_override();
-    if (force >= 0) streaming = force == 1;
-    return copy_out_nta_avx2(static_cast<char*>(dst), static_cast<const char*>(src), n, streaming);
-  }
-#endif
-  (void)nta;
-  copy_stream(dst, src, n, streaming);
-}
 
 void copy_stream(void* dst, const void* src, size_t n, bool streaming) {
   int force = streaming_override();

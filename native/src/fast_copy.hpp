@@ -10,9 +10,4 @@ namespace cmt {
 // 1 GiB), so it is a per-rule setting of the plan. CMT_COPY=stream|memcpy overrides it.
 void copy_stream(void* dst, const void* src, size_t n, bool streaming);
 
-// Device-to-host copy-out of a staging slot: copy_stream, or with CMT_COPY_OUT_NTA=1 (an
-// experiment) loads behind non-temporal prefetches, so that the slot's lines leave no copies in
-// the CPU's caches for the slot's next DMA to snoop.
-void copy_out_of_staging(void* dst, const void* src, size_t n, bool streaming);
-
 }  // namespace cmt
