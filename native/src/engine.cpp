@@ -140,6 +140,7 @@ struct Job {
   size_t blocks = 0;
   size_t pieces = 0;
   int slots = 0;
+  int slot_base = 0;  // the copy uses slots_[slot_base, slot_base + slots)
   // Block b covers bytes [block_off[b], block_off[b+1]) and pieces [piece_off[b], piece_off[b+1]),
   // each piece_len[b] bytes (the last one shorter).
   std::vector<size_t> block_off, piece_off, piece_len;
@@ -153,6 +154,7 @@ struct Job {
   std::atomic<CUresult> error{CUDA_SUCCESS};
 
   size_t block_len(size_t b) const { return block_off[b + 1] - block_off[b]; }
+  int slot_index(size_t b) const { return slot_base + static_cast<int>(b % slots); }
   // Whether block b's CPU copy uses streaming stores (host-to-device: the ramps may differ).
   bool streams(size_t b) const {
     return stream_stores || (dir == Direction::HtoD && (b < stream_below || b >= stream_from));
@@ -391,14 +393,16 @@ bool Engine::wait_done(Slot& s, long round) {
       return false;
     }
   }
-  if (timeline::enabled()) timeline::note(timeline::Step::DmaDone, round * job_.slots + (&s - slots_));
+  if (timeline::enabled()) {
+    timeline::note(timeline::Step::DmaDone, round * job_.slots + (&s - slots_) - job_.slot_base);
+  }
   s.known_done.store(round, std::memory_order_release);
   return true;
 }
 
 // Queues the DMA of block b into or out of its slot (by whoever completed the slot's last round).
 CUresult Engine::queue_dma(size_t b) {
-  int si = static_cast<int>(b % job_.slots);
+  int si = job_.slot_index(b);
   Slot& s = slots_[si];
   CUdeviceptr dev = job_.device + job_.block_off[b];
   CUstream stream = job_.res->stream;
@@ -420,7 +424,7 @@ CUresult Engine::queue_dma(size_t b) {
 bool Engine::process_htod(size_t p) {
   size_t b = job_.block_of(p), i = p - job_.piece_off[b];
   long round = static_cast<long>(b / job_.slots);
-  Slot& s = slots_[b % job_.slots];
+  Slot& s = slots_[job_.slot_index(b)];
   // The slot is free once the DMA of its previous round (or of an earlier copy) has read it.
   if (!wait_issued(s, round - 1) || !wait_done(s, round - 1)) return false;
   size_t off = i * job_.piece_len[b], len = std::min(job_.piece_len[b], job_.block_len(b) - off);
@@ -455,7 +459,7 @@ void Engine::fault_ahead(size_t upto) {
 bool Engine::process_dtoh(size_t p) {
   size_t b = job_.block_of(p), i = p - job_.piece_off[b];
   long round = static_cast<long>(b / job_.slots);
-  Slot& s = slots_[b % job_.slots];
+  Slot& s = slots_[job_.slot_index(b)];
   size_t off = i * job_.piece_len[b], len = std::min(job_.piece_len[b], job_.block_len(b) - off);
   char* dst = job_.host + job_.block_off[b] + off;
   if (job_.prefault) fault_ahead(job_.block_off[b] + off + len + kFaultLookahead);
@@ -543,8 +547,15 @@ CUresult Engine::copy(const CopyRequest& req) {
   trace_res_ = nullptr;  // the last copy's DMA times describe its blocks, about to be replaced
   j.cut(block, ramp, threads);
   int slots = static_cast<int>(std::min<size_t>(std::clamp(st.buffers, 1, kMaxSlots), j.blocks));
-  ContextResources* res = resources_for(req.ctx, slots);
-  if (!res || !ensure_slots(slots, std::max(block, active_plan().max_chunk()))) {
+  // Experiment (CMT_ALT_RING=1): consecutive copies alternate between two rings of `slots` slots.
+  // A DMA into or out of staging lines the CPU still caches runs at half the link or less on the
+  // H200 host (explore_ramp.cpp), and a copy's first blocks otherwise reuse the lines its
+  // predecessor's last blocks just went through.
+  static const bool alternate = env::number("CMT_ALT_RING", 0) != 0;
+  const bool alt = alternate && 2 * slots <= kMaxSlots;
+  j.slot_base = alt && j.slot_base == 0 ? slots : 0;
+  ContextResources* res = resources_for(req.ctx, j.slot_base + slots);
+  if (!res || !ensure_slots(j.slot_base + slots, std::max(block, active_plan().max_chunk()))) {
     restore();
     return CUDA_ERROR_NOT_READY;
   }
@@ -571,10 +582,11 @@ CUresult Engine::copy(const CopyRequest& req) {
   j.next.store(0, std::memory_order_relaxed);
   j.error.store(CUDA_SUCCESS, std::memory_order_relaxed);
   for (int s = 0; s < slots; ++s) {
-    slots_[s].issued.store(-1, std::memory_order_relaxed);
-    slots_[s].known_done.store(-2, std::memory_order_relaxed);
-    slots_[s].sync_claimed.store(-2, std::memory_order_relaxed);
-    slots_[s].pending.store(j.pieces_in(s), std::memory_order_relaxed);
+    Slot& slot = slots_[j.slot_base + s];
+    slot.issued.store(-1, std::memory_order_relaxed);
+    slot.known_done.store(-2, std::memory_order_relaxed);
+    slot.sync_claimed.store(-2, std::memory_order_relaxed);
+    slot.pending.store(j.pieces_in(s), std::memory_order_relaxed);
   }
   j.fault_next.store(0, std::memory_order_relaxed);
   int lanes = static_cast<int>(std::min<size_t>(threads, j.pieces));
@@ -599,7 +611,7 @@ CUresult Engine::copy(const CopyRequest& req) {
         restore();
         return r;
       }
-      slots_[s].issued.store(0, std::memory_order_relaxed);
+      slots_[j.slot_base + s].issued.store(0, std::memory_order_relaxed);
     }
   }
   while (workers_ < lanes - 1) start_worker(++workers_);
