@@ -20,14 +20,7 @@
 #include <thread>
 #include <vector>
 
-#define CK(x)                                                              \
-  do {                                                                     \
-    CUresult r_ = (x);                                                     \
-    if (r_ != CUDA_SUCCESS) {                                              \
-      fprintf(stderr, "%s failed: %d (line %d)\n", #x, (int)r_, __LINE__); \
-      exit(1);                                                             \
-    }                                                                      \
-  } while (0)
+#include "cuda_check.hpp"
 
 static const size_t MIB = size_t(1) << 20;
 static CUstream g_stream;

@@ -3,7 +3,8 @@
 // Queues the engine's block pattern (a ramp 512K 1M 2M, then 4 MiB blocks, each at the start of one
 // of 4 pinned staging slots) on one stream, with GPU events around every DMA, after the CPU did
 // one thing to the slots: nothing, wrote them (cached or streaming stores, by 8 threads), read
-// them (plainly or behind non-temporal prefetches), wrote then flushed them, or nothing but a 2 ms idle GPU. Prints per-block GB/s medians.
+// them (plainly or behind non-temporal prefetches), wrote then flushed them, or nothing but a 2 ms
+// idle GPU. Prints per-block GB/s medians (results: benchmarks/results/h200-2026-12-03/ramp*.jsonl).
 //
 //   nvcc -O2 -Xcompiler -mavx2,-mclflushopt -o /tmp/explore_ramp benchmarks/explore_ramp.cpp -lcuda -lpthread && /tmp/explore_ramp
 #include <cuda.h>
@@ -18,14 +19,7 @@
 #include <thread>
 #include <vector>
 
-#define CK(x)                                                              \
-  do {                                                                     \
-    CUresult r_ = (x);                                                     \
-    if (r_ != CUDA_SUCCESS) {                                              \
-      fprintf(stderr, "%s failed: %d (line %d)\n", #x, (int)r_, __LINE__); \
-      exit(1);                                                             \
-    }                                                                      \
-  } while (0)
+#include "cuda_check.hpp"
 
 static const size_t KIB = 1024, MIB = KIB * KIB;
 static const int kSlots = 4, kThreads = 8, kRounds = 9;
@@ -34,7 +28,7 @@ static const std::vector<size_t> kBlocks = {512 * KIB, 1 * MIB, 2 * MIB, 4 * MIB
 static char* g_slot[kSlots];
 static volatile long g_sink;
 
-// Runs fn(slot, offset, length) over every block's slot region, split over kThreads threads.
+// Runs fn(start, length) over every block's slot region, split over kThreads threads.
 template <class F>
 static void on_slots(F fn) {
   std::vector<std::thread> ts;
