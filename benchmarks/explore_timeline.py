@@ -93,16 +93,22 @@ def child(size: int, direction: str, repeats: int, rotate: int) -> list[dict]:
     hosts = [torch.randint(0, 255, (size,), dtype=torch.uint8) for _ in range(rotate)]
     dev = torch.empty(size, dtype=torch.uint8, device="cuda")
     pinned = torch.empty(size, dtype=torch.uint8).pin_memory()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        (dev.copy_(pinned, non_blocking=True) if direction == "h2d" else pinned.copy_(dev, non_blocking=True))
-    end.record()
-    end.synchronize()
-    pinned_s = start.elapsed_time(end) / 5 / 1e3
+
+    def pinned_seconds() -> float:
+        """The pinned copy, timed as the engine's copies are (host clock to synchronised), after two
+        untimed ones (the first copies of a process, or of a machine's first process, run slow)."""
+        times = []
+        for _ in range(repeats + 2):
+            torch.cuda.synchronize()
+            t = time.monotonic_ns()
+            dev.copy_(pinned) if direction == "h2d" else pinned.copy_(dev)
+            torch.cuda.synchronize()
+            times.append(time.monotonic_ns() - t)
+        return statistics.median(times[2:]) / 1e9
+
     results = []
     for threads, buffers, chunk, nt in GRID[(direction, size)]:
+        pinned_s = pinned_seconds()  # alongside each setting: the link's rate drifts within a process
         runs = []
         for i in range(repeats + 2):
             host = hosts[i % rotate]
