@@ -182,27 +182,29 @@ void Job::cut(size_t chunk, bool ramp, int lanes) {
     block_off.push_back(block_off.back() + n);
     rem -= n;
   };
-  // Experiment (CMT_RAMP_STREAM: 0 none (default), 1 the ramp down, 2 both ramps): host-to-device
-  // ramp blocks filled with streaming stores whatever the rule says. A block is DMA'd as soon as
-  // it is filled; with cached stores the copy engine reads lines still in the lanes' private
-  // caches, and on the H200 host the ramp-down blocks, after which the lanes write nothing that
-  // would evict them, ran at 17-41 GB/s (mostly below 25) against 29-53 with streaming stores.
+  // Experiment (CMT_RAMP_STREAM: 0 none (default), 1 the ramp down, 2 both ramps, 3 the ramp up):
+  // host-to-device ramp blocks filled with streaming stores whatever the rule says. A block is DMA'd
+  // as soon as it is filled; with cached stores the copy engine reads lines still in the lanes'
+  // private caches, and on the H200 host the ramp-down blocks, after which the lanes write nothing
+  // that would evict them, ran at 17-41 GB/s (mostly below 25) against 29-53 with streaming stores.
   // But the last full block's DMA then slowed from 45-54 to 27-37 GB/s (the streaming writes no
   // longer evict its lines either), so the whole copy gained nothing (timeline-ramp.json,
   // 2026-12-03): off. CMT_RAMP_STREAM_FULL=K streams the last K full blocks too (then the block
-  // before them slowed instead; no gain either). 3 streams the ramp up only: its DMAs ran at 22-50
-  // GB/s against 14-42 cached, but whole copies moved within the noise between processes
+  // before them slowed instead; no gain either). With the ramp up streamed (3), its DMAs ran at
+  // 22-50 GB/s against 14-42 cached, but whole copies moved within the noise between processes
   // (timeline-flush.json, timeline-dma-streams.json).
   static const long ramp_stream = env::number("CMT_RAMP_STREAM", 0);
+  static const bool stream_up = ramp_stream == 2 || ramp_stream == 3;
+  static const bool stream_down = ramp_stream == 1 || ramp_stream == 2;
   static const size_t full_streamed = static_cast<size_t>(std::max(0L, env::number("CMT_RAMP_STREAM_FULL", 0)));
   stream_below = 0;
   stream_from = SIZE_MAX;
   for (size_t s = first; s < chunk && rem; s *= 2) take(s);  // ramp up
   const size_t ramp_up_end = block_off.size() - 1;
-  if (ramp && ramp_stream > 1) stream_below = ramp_up_end;  // 2: both ramps, 3: the ramp up only
+  if (ramp && stream_up) stream_below = ramp_up_end;
   while (rem > (ramp ? 2 * chunk : 0)) take(chunk);           // full blocks
   const size_t full_end = block_off.size() - 1;
-  if (ramp && (ramp_stream == 1 || ramp_stream == 2)) stream_from = full_end - std::min(full_streamed, full_end - ramp_up_end);
+  if (ramp && stream_down) stream_from = full_end - std::min(full_streamed, full_end - ramp_up_end);
   while (rem > first) take(std::min(chunk, (rem / 2 + kMinPiece - 1) & ~(kMinPiece - 1)));  // ramp down
   if (rem) take(rem);
   blocks = block_off.size() - 1;
