@@ -3,12 +3,12 @@
 # $OUT/results.tar.gz (the device tool brings back at most 8 files) and print short summaries.
 #   bash benchmarks/gpu_session.sh gputests core benchcopy
 # Steps: gputests torchtests core coretuned benchcopy workloads profiles tune (= tuneinstant tunefull tunedcopy)
-#        overhead variants sweep timeline timelinecold pinned ramp. The archive is rewritten after every step: a call cut short by its
+#        overhead variants sweep timeline timelinecold pinned ramp abcopy. The archive is rewritten after every step: a call cut short by its
 #        time limit still brings back the steps it finished.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/cmt-out}
-R=/tmp/cmt-results
+R=${R:-/tmp/cmt-results}
 mkdir -p "$OUT" "$R"
 { nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv; nproc;
   grep -m1 "model name" /proc/cpuinfo; lscpu | grep -iE "L3|numa node\(" ; date -u; } 2>&1 | tee "$R/machine.txt"
@@ -57,6 +57,16 @@ for step in "${steps[@]}"; do
     ramp)  # the DMA rate of a ramp of blocks by what the CPU did to the staging slots just before
       nvcc -O2 -Xcompiler -mavx2,-mclflushopt -o /tmp/explore_ramp benchmarks/explore_ramp.cpp -lcuda -lpthread &&
         timeout 120 /tmp/explore_ramp | tee "$R/ramp.jsonl" ;;
+    abcopy)  # bench copy pinned vs cmt in separate processes, AB_VAR set to each of AB_VALUES in turn
+      var=${AB_VAR:-CMT_ALT_RING}
+      i=0
+      for v in ${AB_VALUES:-0 1 0 1}; do
+        i=$((i + 1))
+        d="$R/copy-ab-$var-$v-run$i"
+        env "$var=$v" timeout 100 python3 -m cmt bench copy --sizes "${AB_SIZES:-16M,64M,256M,1G}" --modes pinned,cmt \
+          --directions h2d,d2h --no-plot --out "$d" > /dev/null 2>&1 || echo "abcopy run $i failed"
+        python3 benchmarks/ratio_table.py "$d/copy.json" "$var=$v"
+      done ;;
     sweep) timeout 300 python3 benchmarks/explore_engine.py --out "$R/engine-sweep.json" 2>&1 | grep -E "size|best" ;;
     *) echo "unknown step $step" ;;
   esac
