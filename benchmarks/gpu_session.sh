@@ -57,16 +57,16 @@ for step in "${steps[@]}"; do
     ramp)  # the DMA rate of a ramp of blocks by what the CPU did to the staging slots just before
       nvcc -O2 -Xcompiler -mavx2,-mclflushopt -o /tmp/explore_ramp benchmarks/explore_ramp.cpp -lcuda -lpthread &&
         timeout 120 /tmp/explore_ramp | tee "$R/ramp.jsonl" ;;
-    abcopy)  # bench copy pinned vs cmt in separate processes, AB_VAR set to each of AB_VALUES in turn
-      var=${AB_VAR:-CMT_ALT_RING}
-      i=0
-      for v in ${AB_VALUES:-0 1 0 1}; do
-        i=$((i + 1))
-        d="$R/copy-ab-$var-$v-run$i"
-        env "$var=$v" timeout 100 python3 -m cmt bench copy --sizes "${AB_SIZES:-16M,64M,256M,1G}" --modes pinned,cmt \
-          --directions h2d,d2h --no-plot --out "$d" > /dev/null 2>&1 || echo "abcopy run $i failed"
-        python3 benchmarks/ratio_table.py "$d/copy.json" "$var=$v"
-      done ;;
+    abcopy)  # bench copy pinned vs cmt, one process per environment of AB_VARIANTS (VAR=V[,VAR=V]) per round
+      for round in $(seq "${AB_ROUNDS:-2}"); do
+        for v in ${AB_VARIANTS:-CMT_ALT_RING=0 CMT_ALT_RING=1}; do
+          d="$R/ab/${v//,/_}/run$round"
+          env ${v//,/ } timeout 100 python3 -m cmt bench copy --sizes "${AB_SIZES:-16M,64M,256M,1G}" --modes pinned,cmt \
+            --directions h2d,d2h --no-plot --out "$d" > /dev/null 2>&1 || echo "abcopy $v round $round failed"
+          python3 benchmarks/ratio_table.py "$v" "$d/copy.json"
+        done
+      done
+      python3 benchmarks/ratio_table.py --summary "$R"/ab/*/run*/copy.json | tee "$R/ab/summary.txt" ;;
     sweep) timeout 300 python3 benchmarks/explore_engine.py --out "$R/engine-sweep.json" 2>&1 | grep -E "size|best" ;;
     *) echo "unknown step $step" ;;
   esac

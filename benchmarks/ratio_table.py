@@ -1,28 +1,59 @@
-"""One line per `cmt bench copy` result file: cmt / pinned of the same run, by direction and size.
+"""cmt / pinned from `cmt bench copy` result files, both measured in the same run.
 
-    python benchmarks/ratio_table.py copy.json [LABEL]
+    python benchmarks/ratio_table.py LABEL copy.json           one line for one run
+    python benchmarks/ratio_table.py --summary ab/*/run*/copy.json
+                                                               per folder above run*: the median, min and max
+                                                               over its runs, by direction and size
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
+from collections import defaultdict
+from pathlib import Path
 
 
-def ratios(doc: dict) -> dict[tuple[str, int], float]:
-    """(direction, bytes) -> cmt's median bandwidth over pinned's, both measured in this run."""
+def ratios(path: str) -> dict[tuple[str, int], float]:
+    """(direction, bytes) -> cmt's median bandwidth over pinned's in the run that wrote `path`."""
+    with open(path) as f:
+        doc = json.load(f)
     by = {(r["mode"], r["direction"], r["bytes"]): r["median_gbps"] for r in doc["results"]}
     return {(d, n): g / by[("pinned", d, n)] for (m, d, n), g in by.items() if m == "cmt" and ("pinned", d, n) in by}
 
 
+def line(label: str, rs: dict[tuple[str, int], float]) -> str:
+    return label + " " + " ".join(f"{d} {n >> 20}M {r:.0%}" for (d, n), r in sorted(rs.items()))
+
+
+def summary(paths: list[str]) -> None:
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for p in paths:
+        try:
+            groups[Path(p).parent.parent.name].append(ratios(p))
+        except (OSError, ValueError, KeyError):
+            continue  # a failed run: its line said so
+    for name, runs in groups.items():
+        keys = sorted({k for r in runs for k in r})
+        cells = []
+        for d, n in keys:
+            xs = [r[(d, n)] for r in runs if (d, n) in r]
+            cells.append(f"{d} {n >> 20}M {statistics.median(xs):.0%} ({min(xs):.0%}-{max(xs):.0%})")
+        print(f"{name} [{len(runs)} runs] " + "  ".join(cells))
+
+
 def main() -> None:
+    args = sys.argv[1:]
+    if args[:1] == ["--summary"]:
+        summary(args[1:])
+        return
+    if len(args) != 2:
+        sys.exit(__doc__)
     try:
-        with open(sys.argv[1]) as f:
-            doc = json.load(f)
-    except (OSError, ValueError, IndexError) as e:
-        sys.exit(f"ratio_table: {e}")
-    label = sys.argv[2] if len(sys.argv) > 2 else sys.argv[1]
-    print(label, " ".join(f"{d} {n >> 20}M {r:.0%}" for (d, n), r in sorted(ratios(doc).items())))
+        print(line(args[0], ratios(args[1])))
+    except (OSError, ValueError, KeyError) as e:
+        print(f"{args[0]}: no result ({e})")
 
 
 if __name__ == "__main__":

@@ -58,9 +58,9 @@ def server(fake_driver_dir):
     s.close()
 
 
-# Ramped blocks (8K, 16K, 32K, then 64K, down to 8K at the end) of 4 KiB pieces over 3 threads,
-# filled and drained with streaming stores.
-RAMPED_PLAN = "h2d:1=3,5,65536,stream;d2h:1=3,5,65536,stream"
+# Ramped blocks (128K, 256K, 512K, then 1M, down to 128K at the end; the ramp starts at chunk/8
+# but at 64 KiB or more) of 4 KiB pieces over 3 threads, filled and drained with streaming stores.
+RAMPED_PLAN = "h2d:1=3,5,1048576,stream;d2h:1=3,5,1048576,stream"
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,9 @@ def eager_servers(fake_driver_dir):
                "entry-on-stream": CopyServer(fake_driver_dir, CMT_PLAN=AGGRESSIVE_PLAN, CMT_ENTRY="stream"),
                # an engine experiment: consecutive copies use two staging rings in turn
                "alternate-rings": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN, CMT_PIECE="4096",
-                                             CMT_ALT_RING="1", CMT_ENTRY="stream")}
+                                             CMT_ALT_RING="1", CMT_ENTRY="stream"),
+               # another: device-to-host ramp-up blocks staged at the end of their slots
+               "ramp-tail": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN, CMT_PIECE="4096", CMT_RAMP_TAIL="1")}
     yield servers
     for s in servers.values():
         s.close()
@@ -98,12 +100,21 @@ SIZES = st.one_of(
                              ("cuMemcpy", "cuMemcpy"), ("cuMemcpyAsync_ptsz", "cuMemcpyAsync")]),
        stream=st.sampled_from(["null", "legacy", "per_thread", "blocking", "nonblocking"]),
        seed=st.integers(0, 2**32),
-       geometry=st.sampled_from(["uniform", "ramped", "entry-on-stream", "alternate-rings"]))
+       geometry=st.sampled_from(["uniform", "ramped", "entry-on-stream", "alternate-rings", "ramp-tail"]))
 def test_bytes_exact_at_any_size_and_offset(eager_servers, size, host_off, dev_off, pair, stream, seed, geometry):
     r = eager_servers[geometry]("roundtrip", size=size, host_off=host_off, dev_off=dev_off, h2d=pair[0], d2h=pair[1],
                      stream=stream, seed=seed)
     assert r["device_ok"] and r["host_ok"]
     assert outcome(r, "h2d") == {"accelerated": 1} and outcome(r, "d2h") == {"accelerated": 1}
+
+
+@pytest.mark.parametrize("geometry", ["ramped", "alternate-rings", "ramp-tail"])
+def test_bytes_exact_through_every_kind_of_block(eager_servers, geometry):
+    """A size that ramps up, runs full blocks and ramps down, with data unlike what the slots held:
+    a block staged at the wrong place in its slot cannot pass."""
+    for seed in (1, 2):
+        r = eager_servers[geometry]("roundtrip", size=5 * MIB + 4097, host_off=1, dev_off=2, seed=seed)
+        assert r["device_ok"] and r["host_ok"]
 
 
 @pytest.mark.parametrize("size", [64 * MIB + 3, 256 * MIB])

@@ -150,11 +150,17 @@ struct Job {
   bool stream_stores = false;         // Settings::stream_stores
   size_t stream_below = 0;            // host-to-device: blocks before this one and from
   size_t stream_from = SIZE_MAX;      // this one on are filled with streaming stores
+  size_t tail_below = 0;              // blocks before this one are staged at the end of their slot
+  size_t slot_bytes = 0;
   std::atomic<int> remaining{0};
   std::atomic<CUresult> error{CUDA_SUCCESS};
 
   size_t block_len(size_t b) const { return block_off[b + 1] - block_off[b]; }
   int slot_index(size_t b) const { return slot_base + static_cast<int>(b % slots); }
+  // Where block b lies in its slot: at the start, or (tail_below) at the end, 4 KiB-aligned.
+  size_t slot_offset(size_t b) const {
+    return b < tail_below ? (slot_bytes - block_len(b)) & ~size_t(4095) : 0;
+  }
   // Whether block b's CPU copy uses streaming stores (host-to-device: the ramps may differ).
   bool streams(size_t b) const {
     return stream_stores || (dir == Direction::HtoD && (b < stream_below || b >= stream_from));
@@ -205,6 +211,14 @@ void Job::cut(size_t chunk, bool ramp, int lanes) {
   while (rem > (ramp ? 2 * chunk : 0)) take(chunk);           // full blocks
   const size_t full_end = block_off.size() - 1;
   if (ramp && stream_down) stream_from = full_end - std::min(full_streamed, full_end - ramp_up_end);
+  // Experiment (CMT_RAMP_TAIL=1): device-to-host ramp-up blocks staged at the end of their slots.
+  // A DMA writing staging lines the CPU still caches runs at half the link or less (explore_ramp.cpp),
+  // and a copy's first DMAs otherwise write the slots' first bytes, which the last copy's last
+  // copy-outs have just read. Two rings in turn (CMT_ALT_RING=1) made these DMAs fast (64 MiB:
+  // 39-43 / 51 / 53 GB/s against 25 / 32 / 38) but slowed 1 GiB copies by 5-10% (timeline-alt.json,
+  // copy-ab-*, 2026-12-03); the end of a slot is ring memory the last copy touched least recently.
+  static const bool tail = env::number("CMT_RAMP_TAIL", 0) != 0;
+  tail_below = ramp && tail && dir == Direction::DtoH ? ramp_up_end : 0;
   while (rem > first) take(std::min(chunk, (rem / 2 + kMinPiece - 1) & ~(kMinPiece - 1)));  // ramp down
   if (rem) take(rem);
   blocks = block_off.size() - 1;
@@ -413,8 +427,9 @@ CUresult Engine::queue_dma(size_t b) {
     traced = std::unique_lock<std::mutex>(trace_order_);
     d_.cuEventRecord(trace_res_->timing[1 + 2 * b], stream);
   }
-  CUresult r = job_.dir == Direction::HtoD ? d_.cuMemcpyHtoDAsync(dev, s.mem, job_.block_len(b), stream)
-                                           : d_.cuMemcpyDtoHAsync(s.mem, dev, job_.block_len(b), stream);
+  char* staging = static_cast<char*>(s.mem) + job_.slot_offset(b);
+  CUresult r = job_.dir == Direction::HtoD ? d_.cuMemcpyHtoDAsync(dev, staging, job_.block_len(b), stream)
+                                           : d_.cuMemcpyDtoHAsync(staging, dev, job_.block_len(b), stream);
   if (trace_res_ && r == CUDA_SUCCESS) d_.cuEventRecord(trace_res_->timing[2 + 2 * b], stream);
   if (r == CUDA_SUCCESS) r = d_.cuEventRecord(job_.res->slot_event[si], stream);
   if (r != CUDA_SUCCESS) return r;
@@ -430,7 +445,7 @@ bool Engine::process_htod(size_t p) {
   // The slot is free once the DMA of its previous round (or of an earlier copy) has read it.
   if (!wait_issued(s, round - 1) || !wait_done(s, round - 1)) return false;
   size_t off = i * job_.piece_len[b], len = std::min(job_.piece_len[b], job_.block_len(b) - off);
-  copy_stream(static_cast<char*>(s.mem) + off, job_.host + job_.block_off[b] + off, len,
+  copy_stream(static_cast<char*>(s.mem) + job_.slot_offset(b) + off, job_.host + job_.block_off[b] + off, len,
               job_.streams(b));
   if (s.pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // this lane completed the block
     CUresult r = queue_dma(b);
@@ -466,7 +481,7 @@ bool Engine::process_dtoh(size_t p) {
   char* dst = job_.host + job_.block_off[b] + off;
   if (job_.prefault) fault_ahead(job_.block_off[b] + off + len + kFaultLookahead);
   if (!wait_issued(s, round) || !wait_done(s, round)) return false;
-  copy_stream(dst, static_cast<char*>(s.mem) + off, len, job_.streams(b));
+  copy_stream(dst, static_cast<char*>(s.mem) + job_.slot_offset(b) + off, len, job_.streams(b));
   if (s.pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // slot drained: refill it
     size_t next = b + job_.slots;
     if (next < job_.blocks) {
@@ -545,6 +560,7 @@ CUresult Engine::copy(const CopyRequest& req) {
   };
   Job& j = job_;
   j.bytes = req.bytes;
+  j.dir = req.dir;
   j.fixed_piece = piece_override;
   trace_res_ = nullptr;  // the last copy's DMA times describe its blocks, about to be replaced
   j.cut(block, ramp, threads);
@@ -574,8 +590,8 @@ CUresult Engine::copy(const CopyRequest& req) {
   }
   if (timeline::enabled()) trace_gpu_begin(res, j.blocks);
 
-  j.dir = req.dir;
   j.stream_stores = st.stream_stores;
+  j.slot_bytes = slot_bytes_;
   j.ctx = req.ctx;
   j.res = res;
   j.host = req.host;
