@@ -34,8 +34,7 @@ VARIANTS = {"default": {}, "spin": {"CMT_SPIN_US": "20000"},
             "stream-ramps": {"CMT_RAMP_STREAM": "2"},
             "stream-down-full1": {"CMT_RAMP_STREAM": "1", "CMT_RAMP_STREAM_FULL": "1"},
             "stream-down-full2": {"CMT_RAMP_STREAM": "1", "CMT_RAMP_STREAM_FULL": "2"},
-            "stream-up": {"CMT_RAMP_STREAM": "3"}, "alt-ring": {"CMT_ALT_RING": "1"},
-            "alt-ring-stream-up": {"CMT_ALT_RING": "1", "CMT_RAMP_STREAM": "3"}, "ramp-tail": {"CMT_RAMP_TAIL": "1"}}
+            "stream-up": {"CMT_RAMP_STREAM": "3"}, "ramp-head": {"CMT_RAMP_TAIL": "0"}}
 
 
 def us(ns: float) -> float:

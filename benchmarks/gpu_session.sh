@@ -59,7 +59,7 @@ for step in "${steps[@]}"; do
         timeout 120 /tmp/explore_ramp | tee "$R/ramp.jsonl" ;;
     abcopy)  # bench copy pinned vs cmt, one process per environment of AB_VARIANTS (VAR=V[,VAR=V]) per round
       for round in $(seq "${AB_ROUNDS:-2}"); do
-        for v in ${AB_VARIANTS:-CMT_ALT_RING=0 CMT_ALT_RING=1}; do
+        for v in ${AB_VARIANTS:-CMT_RAMP_TAIL=0 CMT_RAMP_TAIL=1}; do
           d="$R/ab/${v//,/_}/run$round"
           env ${v//,/ } timeout 100 python3 -m cmt bench copy --sizes "${AB_SIZES:-16M,64M,256M,1G}" --modes pinned,cmt \
             --directions h2d,d2h --no-plot --out "$d" > /dev/null 2>&1 || echo "abcopy $v round $round failed"

@@ -257,9 +257,8 @@ with copy_sweep.CopyBench(drv, dev, 8 << 20) as b:
 
 @pytest.mark.parametrize(("ramp_stream", "full"), [("", ""), ("0", "2"), ("1", ""), ("2", ""), ("3", ""), ("1", "2")])
 def test_host_to_device_ramp_blocks_use_streaming_stores(run_python, ramp_stream, full):
-    """CMT_RAMP_STREAM (an engine experiment) picks which host-to-device ramps are filled with
-    streaming stores whatever the rule says: none (0, the default), the ramp down (1), both (2), the
-    ramp up (3);
+    """CMT_RAMP_STREAM picks which host-to-device ramps are filled with streaming stores whatever
+    the rule says: the ramp down (1, the default), none (0), both (2), the ramp up (3);
     CMT_RAMP_STREAM_FULL=K adds the last K full blocks to a streamed ramp down. Device-to-host
     copies keep the rule's stores."""
     code = """
@@ -280,8 +279,9 @@ with copy_sweep.CopyBench(drv, drv.open_device(0), 8 << 20) as b:
     # 8 MiB in 1 MiB blocks: ramp up 128K 256K 512K, six full blocks, ramp down 576K 320K 128K 128K
     sizes = [128 << 10, 256 << 10, 512 << 10] + [1 << 20] * 6 + [576 << 10, 320 << 10, 128 << 10, 128 << 10]
     assert h2d["block_bytes"] == sizes == d2h["block_bytes"]
-    up, down = [int(ramp_stream in ("2", "3"))] * 3, [int(ramp_stream in ("1", "2"))] * 4
-    last_full = [int(ramp_stream in ("1", "2") and full == "2")] * 2
+    mode = ramp_stream or "1"
+    up, down = [int(mode in ("2", "3"))] * 3, [int(mode in ("1", "2"))] * 4
+    last_full = [int(mode in ("1", "2") and full == "2")] * 2
     assert h2d["block_stream"] == up + [0] * 4 + last_full + down
     assert d2h["block_stream"] == [0] * 13
 

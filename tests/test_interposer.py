@@ -68,11 +68,8 @@ def eager_servers(fake_driver_dir):
     servers = {"uniform": CopyServer(fake_driver_dir, CMT_PLAN=AGGRESSIVE_PLAN),
                "ramped": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN, CMT_PIECE="4096"),
                "entry-on-stream": CopyServer(fake_driver_dir, CMT_PLAN=AGGRESSIVE_PLAN, CMT_ENTRY="stream"),
-               # an engine experiment: consecutive copies use two staging rings in turn
-               "alternate-rings": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN, CMT_PIECE="4096",
-                                             CMT_ALT_RING="1", CMT_ENTRY="stream"),
-               # another: device-to-host ramp-up blocks staged at the end of their slots
-               "ramp-tail": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN, CMT_PIECE="4096", CMT_RAMP_TAIL="1")}
+               # device-to-host ramp-up blocks staged at the start of their slots, not the end
+               "ramp-head": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN, CMT_PIECE="4096", CMT_RAMP_TAIL="0")}
     yield servers
     for s in servers.values():
         s.close()
@@ -100,7 +97,7 @@ SIZES = st.one_of(
                              ("cuMemcpy", "cuMemcpy"), ("cuMemcpyAsync_ptsz", "cuMemcpyAsync")]),
        stream=st.sampled_from(["null", "legacy", "per_thread", "blocking", "nonblocking"]),
        seed=st.integers(0, 2**32),
-       geometry=st.sampled_from(["uniform", "ramped", "entry-on-stream", "alternate-rings", "ramp-tail"]))
+       geometry=st.sampled_from(["uniform", "ramped", "entry-on-stream", "ramp-head"]))
 def test_bytes_exact_at_any_size_and_offset(eager_servers, size, host_off, dev_off, pair, stream, seed, geometry):
     r = eager_servers[geometry]("roundtrip", size=size, host_off=host_off, dev_off=dev_off, h2d=pair[0], d2h=pair[1],
                      stream=stream, seed=seed)
@@ -108,7 +105,7 @@ def test_bytes_exact_at_any_size_and_offset(eager_servers, size, host_off, dev_o
     assert outcome(r, "h2d") == {"accelerated": 1} and outcome(r, "d2h") == {"accelerated": 1}
 
 
-@pytest.mark.parametrize("geometry", ["ramped", "alternate-rings", "ramp-tail"])
+@pytest.mark.parametrize("geometry", ["ramped", "ramp-head"])
 def test_bytes_exact_through_every_kind_of_block(eager_servers, geometry):
     """A size that ramps up, runs full blocks and ramps down, with data unlike what the slots held:
     a block staged at the wrong place in its slot cannot pass."""
@@ -171,17 +168,7 @@ def entry_stream_server(fake_driver_dir):
     s.close()
 
 
-@pytest.fixture(scope="module")
-def alternate_rings_server(fake_driver_dir):
-    """CMT_ALT_RING=1 (an engine experiment): consecutive copies stage through two rings in turn;
-    each must still wait for the stream's prior work and hold later work back."""
-    s = CopyServer(fake_driver_dir, CMT_ENTRY="stream", CMT_ALT_RING="1",
-                   CMT_PLAN="h2d:1=2,4,262144;d2h:1=2,4,262144")
-    yield s
-    s.close()
-
-
-@pytest.fixture(params=["server", "entry_stream_server", "alternate_rings_server"])
+@pytest.fixture(params=["server", "entry_stream_server"])
 def ordering_server(request):
     return request.getfixturevalue(request.param)
 

@@ -140,7 +140,6 @@ struct Job {
   size_t blocks = 0;
   size_t pieces = 0;
   int slots = 0;
-  int slot_base = 0;  // the copy uses slots_[slot_base, slot_base + slots)
   // Block b covers bytes [block_off[b], block_off[b+1]) and pieces [piece_off[b], piece_off[b+1]),
   // each piece_len[b] bytes (the last one shorter).
   std::vector<size_t> block_off, piece_off, piece_len;
@@ -156,7 +155,7 @@ struct Job {
   std::atomic<CUresult> error{CUDA_SUCCESS};
 
   size_t block_len(size_t b) const { return block_off[b + 1] - block_off[b]; }
-  int slot_index(size_t b) const { return slot_base + static_cast<int>(b % slots); }
+  int slot_index(size_t b) const { return static_cast<int>(b % slots); }
   // Where block b lies in its slot: at the start, or (tail_below) at the end, 4 KiB-aligned.
   size_t slot_offset(size_t b) const {
     return b < tail_below ? (slot_bytes - block_len(b)) & ~size_t(4095) : 0;
@@ -188,18 +187,16 @@ void Job::cut(size_t chunk, bool ramp, int lanes) {
     block_off.push_back(block_off.back() + n);
     rem -= n;
   };
-  // Experiment (CMT_RAMP_STREAM: 0 none (default), 1 the ramp down, 2 both ramps, 3 the ramp up):
-  // host-to-device ramp blocks filled with streaming stores whatever the rule says. A block is DMA'd
-  // as soon as it is filled; with cached stores the copy engine reads lines still in the lanes'
-  // private caches, and on the H200 host the ramp-down blocks, after which the lanes write nothing
-  // that would evict them, ran at 17-41 GB/s (mostly below 25) against 29-53 with streaming stores.
-  // But the last full block's DMA then slowed from 45-54 to 27-37 GB/s (the streaming writes no
-  // longer evict its lines either), so the whole copy gained nothing (timeline-ramp.json,
-  // 2026-12-03): off. CMT_RAMP_STREAM_FULL=K streams the last K full blocks too (then the block
-  // before them slowed instead; no gain either). With the ramp up streamed (3), its DMAs ran at
-  // 22-50 GB/s against 14-42 cached, but whole copies moved within the noise between processes
-  // (timeline-flush.json, timeline-dma-streams.json).
-  static const long ramp_stream = env::number("CMT_RAMP_STREAM", 0);
+  // Host-to-device ramp-down blocks are filled with streaming stores whatever the rule says
+  // (CMT_RAMP_STREAM: 1 the ramp down (default), 0 none, 2 both ramps, 3 the ramp up). A DMA reading
+  // lines the CPU holds dirty runs at half the link or less on the H200 host (explore_ramp.cpp), and
+  // after the ramp-down blocks the lanes write nothing that would evict them: cached, they ran at
+  // 17-41 GB/s (mostly below 25), streamed at 29-53 (the last full block's DMA slows instead, but
+  // less). Measured side by side, 5 processes each in turn (ab-ramp/, 2026-12-03), cmt / pinned
+  // at 64 MiB: 81% against 75% with none; both ramps 79%, the ramp up alone 76%.
+  // CMT_RAMP_STREAM_FULL=K streams the last K full blocks too (then the block before them slowed
+  // instead: no gain, timeline-ramp-full.json).
+  static const long ramp_stream = env::number("CMT_RAMP_STREAM", 1);
   static const bool stream_up = ramp_stream == 2 || ramp_stream == 3;
   static const bool stream_down = ramp_stream == 1 || ramp_stream == 2;
   static const size_t full_streamed = static_cast<size_t>(std::max(0L, env::number("CMT_RAMP_STREAM_FULL", 0)));
@@ -211,13 +208,15 @@ void Job::cut(size_t chunk, bool ramp, int lanes) {
   while (rem > (ramp ? 2 * chunk : 0)) take(chunk);           // full blocks
   const size_t full_end = block_off.size() - 1;
   if (ramp && stream_down) stream_from = full_end - std::min(full_streamed, full_end - ramp_up_end);
-  // Experiment (CMT_RAMP_TAIL=1): device-to-host ramp-up blocks staged at the end of their slots.
-  // A DMA writing staging lines the CPU still caches runs at half the link or less (explore_ramp.cpp),
-  // and a copy's first DMAs otherwise write the slots' first bytes, which the last copy's last
-  // copy-outs have just read. Two rings in turn (CMT_ALT_RING=1) made these DMAs fast (64 MiB:
-  // 39-43 / 51 / 53 GB/s against 25 / 32 / 38) but slowed 1 GiB copies by 5-10% (timeline-alt.json,
-  // copy-ab-*, 2026-12-03); the end of a slot is ring memory the last copy touched least recently.
-  static const bool tail = env::number("CMT_RAMP_TAIL", 0) != 0;
+  // Device-to-host ramp-up blocks are staged at the end of their slots (CMT_RAMP_TAIL=0: at the
+  // start). A DMA writing staging lines the CPU still caches runs at half the link or less
+  // (explore_ramp.cpp), and a copy's first DMAs would otherwise write the slots' first bytes, which
+  // the last copy's last copy-outs have just read; the end of a slot is the ring memory the last
+  // copy touched least recently. Two rings used by copies in turn (an experiment, removed) made
+  // these DMAs fast too (64 MiB: 39-43 / 51 / 53 GB/s against 25 / 32 / 38) but slowed 1 GiB
+  // copies by 5-10% (timeline-alt.json, ab-alt-ring/). Side by side (ab-ramp/, 2026-12-03), cmt / pinned:
+  // 16 MiB 73-77% against 70%, 64 MiB 85-87% against 84%, larger copies unchanged.
+  static const bool tail = env::number("CMT_RAMP_TAIL", 1) != 0;
   tail_below = ramp && tail && dir == Direction::DtoH ? ramp_up_end : 0;
   while (rem > first) take(std::min(chunk, (rem / 2 + kMinPiece - 1) & ~(kMinPiece - 1)));  // ramp down
   if (rem) take(rem);
@@ -410,7 +409,7 @@ bool Engine::wait_done(Slot& s, long round) {
     }
   }
   if (timeline::enabled()) {
-    timeline::note(timeline::Step::DmaDone, round * job_.slots + (&s - slots_) - job_.slot_base);
+    timeline::note(timeline::Step::DmaDone, round * job_.slots + (&s - slots_));
   }
   s.known_done.store(round, std::memory_order_release);
   return true;
@@ -565,15 +564,8 @@ CUresult Engine::copy(const CopyRequest& req) {
   trace_res_ = nullptr;  // the last copy's DMA times describe its blocks, about to be replaced
   j.cut(block, ramp, threads);
   int slots = static_cast<int>(std::min<size_t>(std::clamp(st.buffers, 1, kMaxSlots), j.blocks));
-  // Experiment (CMT_ALT_RING=1): consecutive copies alternate between two rings of `slots` slots.
-  // A DMA into or out of staging lines the CPU still caches runs at half the link or less on the
-  // H200 host (explore_ramp.cpp), and a copy's first blocks otherwise reuse the lines its
-  // predecessor's last blocks just went through.
-  static const bool alternate = env::number("CMT_ALT_RING", 0) != 0;
-  const bool alt = alternate && 2 * slots <= kMaxSlots;
-  j.slot_base = alt && j.slot_base == 0 ? slots : 0;
-  ContextResources* res = resources_for(req.ctx, j.slot_base + slots);
-  if (!res || !ensure_slots(j.slot_base + slots, std::max(block, active_plan().max_chunk()))) {
+  ContextResources* res = resources_for(req.ctx, slots);
+  if (!res || !ensure_slots(slots, std::max(block, active_plan().max_chunk()))) {
     restore();
     return CUDA_ERROR_NOT_READY;
   }
@@ -600,7 +592,7 @@ CUresult Engine::copy(const CopyRequest& req) {
   j.next.store(0, std::memory_order_relaxed);
   j.error.store(CUDA_SUCCESS, std::memory_order_relaxed);
   for (int s = 0; s < slots; ++s) {
-    Slot& slot = slots_[j.slot_base + s];
+    Slot& slot = slots_[s];
     slot.issued.store(-1, std::memory_order_relaxed);
     slot.known_done.store(-2, std::memory_order_relaxed);
     slot.sync_claimed.store(-2, std::memory_order_relaxed);
@@ -629,7 +621,7 @@ CUresult Engine::copy(const CopyRequest& req) {
         restore();
         return r;
       }
-      slots_[j.slot_base + s].issued.store(0, std::memory_order_relaxed);
+      slots_[s].issued.store(0, std::memory_order_relaxed);
     }
   }
   while (workers_ < lanes - 1) start_worker(++workers_);
