@@ -69,7 +69,11 @@ def eager_servers(fake_driver_dir):
                "ramped": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN, CMT_PIECE="4096"),
                "entry-on-stream": CopyServer(fake_driver_dir, CMT_PLAN=AGGRESSIVE_PLAN, CMT_ENTRY="stream"),
                # device-to-host ramp-up blocks staged at the start of their slots, not the end
-               "ramp-head": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN, CMT_PIECE="4096", CMT_RAMP_TAIL="0")}
+               "ramp-head": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN, CMT_PIECE="4096", CMT_RAMP_TAIL="0"),
+               # an experiment: consecutive device-to-host copies use the two ends of slots twice their
+               # blocks' size (a rule for larger copies makes the slots 4 MiB)
+               "window-flip": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN + ";d2h:1073741824=3,4,4194304",
+                                         CMT_PIECE="4096", CMT_WINDOW_FLIP="1")}
     yield servers
     for s in servers.values():
         s.close()
@@ -97,7 +101,7 @@ SIZES = st.one_of(
                              ("cuMemcpy", "cuMemcpy"), ("cuMemcpyAsync_ptsz", "cuMemcpyAsync")]),
        stream=st.sampled_from(["null", "legacy", "per_thread", "blocking", "nonblocking"]),
        seed=st.integers(0, 2**32),
-       geometry=st.sampled_from(["uniform", "ramped", "entry-on-stream", "ramp-head"]))
+       geometry=st.sampled_from(["uniform", "ramped", "entry-on-stream", "ramp-head", "window-flip"]))
 def test_bytes_exact_at_any_size_and_offset(eager_servers, size, host_off, dev_off, pair, stream, seed, geometry):
     r = eager_servers[geometry]("roundtrip", size=size, host_off=host_off, dev_off=dev_off, h2d=pair[0], d2h=pair[1],
                      stream=stream, seed=seed)
@@ -105,11 +109,11 @@ def test_bytes_exact_at_any_size_and_offset(eager_servers, size, host_off, dev_o
     assert outcome(r, "h2d") == {"accelerated": 1} and outcome(r, "d2h") == {"accelerated": 1}
 
 
-@pytest.mark.parametrize("geometry", ["ramped", "ramp-head"])
+@pytest.mark.parametrize("geometry", ["ramped", "ramp-head", "window-flip"])
 def test_bytes_exact_through_every_kind_of_block(eager_servers, geometry):
     """A size that ramps up, runs full blocks and ramps down, with data unlike what the slots held:
     a block staged at the wrong place in its slot cannot pass."""
-    for seed in (1, 2):
+    for seed in (1, 2, 3):  # window-flip: one end of the slots, the other, the first again
         r = eager_servers[geometry]("roundtrip", size=5 * MIB + 4097, host_off=1, dev_off=2, seed=seed)
         assert r["device_ok"] and r["host_ok"]
 

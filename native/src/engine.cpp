@@ -149,16 +149,17 @@ struct Job {
   bool stream_stores = false;         // Settings::stream_stores
   size_t stream_below = 0;            // host-to-device: blocks before this one and from
   size_t stream_from = SIZE_MAX;      // this one on are filled with streaming stores
-  size_t tail_below = 0;              // blocks before this one are staged at the end of their slot
-  size_t slot_bytes = 0;
+  size_t tail_below = 0;              // blocks before this one are staged at the end of their window
+  size_t window = 0;                  // the part of every slot this copy uses: [window, window + window_bytes)
+  size_t window_bytes = 0;
   std::atomic<int> remaining{0};
   std::atomic<CUresult> error{CUDA_SUCCESS};
 
   size_t block_len(size_t b) const { return block_off[b + 1] - block_off[b]; }
   int slot_index(size_t b) const { return static_cast<int>(b % slots); }
-  // Where block b lies in its slot: at the start, or (tail_below) at the end, 4 KiB-aligned.
+  // Where block b lies in its slot: at the start of the copy's window, or (tail_below) at its end.
   size_t slot_offset(size_t b) const {
-    return b < tail_below ? (slot_bytes - block_len(b)) & ~size_t(4095) : 0;
+    return window + (b < tail_below ? (window_bytes - block_len(b)) & ~size_t(4095) : 0);
   }
   // Whether block b's CPU copy uses streaming stores (host-to-device: the ramps may differ).
   bool streams(size_t b) const {
@@ -260,6 +261,7 @@ class Engine {
   Slot slots_[kMaxSlots];
   int slot_count_ = 0;
   size_t slot_bytes_ = 0;
+  bool window_flipped_ = false;  // CMT_WINDOW_FLIP: the last device-to-host copy used the slots' other end
   CUcontext thread_ctx_[kMaxThreads] = {};  // context current in each worker thread
   int workers_ = 0;                        // worker threads started (lanes 1..workers_)
   Job job_;
@@ -583,7 +585,20 @@ CUresult Engine::copy(const CopyRequest& req) {
   if (timeline::enabled()) trace_gpu_begin(res, j.blocks);
 
   j.stream_stores = st.stream_stores;
-  j.slot_bytes = slot_bytes_;
+  // Experiment (CMT_WINDOW_FLIP=1): consecutive device-to-host copies whose blocks fit twice in a
+  // slot use its two ends in turn, so that none of a copy's DMAs (not only the ramp's) writes lines
+  // its predecessor's copy-out has just read. Two whole rings in turn did that, and made 64 MiB
+  // copies faster but 1 GiB ones slower (timeline-alt.json, ab-alt-ring/); this needs no more memory
+  // and leaves copies with blocks as large as the slots alone.
+  static const bool flip = env::number("CMT_WINDOW_FLIP", 0) != 0;
+  const size_t span = (block + 4095) & ~size_t(4095);
+  j.window = 0;
+  j.window_bytes = slot_bytes_;
+  if (flip && req.dir == Direction::DtoH && slot_bytes_ >= 2 * span) {
+    window_flipped_ = !window_flipped_;
+    j.window = window_flipped_ ? (slot_bytes_ - span) & ~size_t(4095) : 0;
+    j.window_bytes = span;
+  }
   j.ctx = req.ctx;
   j.res = res;
   j.host = req.host;
