@@ -62,7 +62,7 @@ for step in "${steps[@]}"; do
         for v in ${AB_VARIANTS:-CMT_RAMP_TAIL=0 CMT_RAMP_TAIL=1}; do
           d="$R/ab/${v//,/_}/run$round"
           env ${v//,/ } timeout 100 python3 -m cmt bench copy --sizes "${AB_SIZES:-16M,64M,256M,1G}" --modes pinned,cmt \
-            --directions h2d,d2h --no-plot --out "$d" > /dev/null 2>&1 || echo "abcopy $v round $round failed"
+            --directions "${AB_DIRECTIONS:-h2d,d2h}" --no-plot --out "$d" > /dev/null 2>&1 || echo "abcopy $v round $round failed"
           python3 benchmarks/ratio_table.py "$v" "$d/copy.json"
         done
       done

@@ -1,4 +1,5 @@
-"""cmt / pinned from `cmt bench copy` result files, both measured in the same run.
+"""cmt / pinned from `cmt bench copy` result files, both measured in the same run (cmt's GB/s where
+the run has no pinned figure, as for `d2h-fresh`).
 
     python benchmarks/ratio_table.py LABEL copy.json           one line for one run
     python benchmarks/ratio_table.py --summary ab/*/run*/copy.json
@@ -16,15 +17,21 @@ from pathlib import Path
 
 
 def ratios(path: str) -> dict[tuple[str, int], float]:
-    """(direction, bytes) -> cmt's median bandwidth over pinned's in the run that wrote `path`."""
+    """(direction, bytes) -> cmt's median bandwidth over pinned's in the run that wrote `path`; for
+    a direction the run measured no pinned copy of (`d2h-fresh`), cmt's GB/s."""
     with open(path) as f:
         doc = json.load(f)
     by = {(r["mode"], r["direction"], r["bytes"]): r["median_gbps"] for r in doc["results"]}
-    return {(d, n): g / by[("pinned", d, n)] for (m, d, n), g in by.items() if m == "cmt" and ("pinned", d, n) in by}
+    return {(d, n): g / by[("pinned", d, n)] if ("pinned", d, n) in by else g
+            for (m, d, n), g in by.items() if m == "cmt"}
+
+
+def cell(direction: str, x: float) -> str:
+    return f"{x:.1f} GB/s" if direction == "d2h-fresh" else f"{x:.0%}"
 
 
 def line(label: str, rs: dict[tuple[str, int], float]) -> str:
-    return label + " " + " ".join(f"{d} {n >> 20}M {r:.0%}" for (d, n), r in sorted(rs.items()))
+    return label + " " + " ".join(f"{d} {n >> 20}M {cell(d, r)}" for (d, n), r in sorted(rs.items()))
 
 
 def summary(paths: list[str]) -> None:
@@ -39,7 +46,7 @@ def summary(paths: list[str]) -> None:
         cells = []
         for d, n in keys:
             xs = [r[(d, n)] for r in runs if (d, n) in r]
-            cells.append(f"{d} {n >> 20}M {statistics.median(xs):.0%} ({min(xs):.0%}-{max(xs):.0%})")
+            cells.append(f"{d} {n >> 20}M {cell(d, statistics.median(xs))} ({cell(d, min(xs))}-{cell(d, max(xs))})")
         print(f"{name} [{len(runs)} runs] " + "  ".join(cells))
 
 

@@ -310,3 +310,25 @@ with copy_sweep.CopyBench(drv, dev, 1 << 20) as b:
     lines = [json.loads(x) for x in proc.stdout.strip().splitlines()[-3:]]
     assert lines[0] == [False, True]
     assert lines[1] == ["below_minimum", [1, 0, 0]] and lines[2] == ["below_minimum", [1, 0, 0]]
+
+
+@pytest.mark.parametrize("fresh_threads", ["", "5"])
+def test_never_touched_destinations_can_get_more_lanes(run_python, fresh_threads):
+    """CMT_FRESH_THREADS=N (an engine experiment): a device-to-host copy into memory not faulted in
+    yet runs on at least N lanes; one into touched memory keeps the rule's thread count."""
+    code = """
+import json
+from cmt import cuda, native
+from cmt.bench import copy_sweep
+drv = cuda.load()
+with copy_sweep.CopyBench(drv, drv.open_device(0), 8 << 20) as b:
+    for direction in ("d2h-fresh", "d2h"):
+        b.copy_seconds("cmt", direction, 8 << 20, copy_sweep.EngineSettings(2, 4, 1 << 20))
+        print(json.dumps(native.last_timeline()))
+"""
+    env = {"CMT_TRACE": "1", **({"CMT_FRESH_THREADS": fresh_threads} if fresh_threads else {})}
+    proc = run_python(code, env=env)
+    assert proc.returncode == 0, proc.stderr
+    fresh, touched = (json.loads(line) for line in proc.stdout.strip().splitlines()[-2:])
+    assert fresh["lanes"] == (5 if fresh_threads else 2)
+    assert touched["lanes"] == 2

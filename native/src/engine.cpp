@@ -548,6 +548,15 @@ CUresult Engine::copy(const CopyRequest& req) {
   const Settings& st = req.settings;
   size_t block = std::clamp(st.chunk, kMinChunk, kMaxChunk);
   int threads = std::clamp(st.threads, 1, kMaxThreads);
+  // Fresh memory? Probe the middle of the range: malloc writes its chunk header into the first
+  // page of a new mapping, so the first page says nothing (PyTorch's .cpu() output is such memory).
+  const bool prefault = req.dir == Direction::DtoH && prefault_mode() != Prefault::None &&
+                        !page_resident(req.host + req.bytes / 2);
+  // Experiment (CMT_FRESH_THREADS=N): at least N lanes for a destination still to be faulted in:
+  // the kernel zeroes every page the lanes fault in, work the tuned thread counts did not include.
+  static const int fresh_threads =
+      static_cast<int>(std::clamp(env::number("CMT_FRESH_THREADS", 0), 0L, static_cast<long>(kMaxThreads)));
+  if (prefault) threads = std::max(threads, fresh_threads);
   // The environment is read once, not on every copy.
   static const size_t piece_override = static_cast<size_t>(std::max(0L, env::number("CMT_PIECE", 0)));
   static const bool ramp = env::number("CMT_RAMP", 1) != 0;
@@ -614,16 +623,13 @@ CUresult Engine::copy(const CopyRequest& req) {
     slot.pending.store(j.pieces_in(s), std::memory_order_relaxed);
   }
   j.fault_next.store(0, std::memory_order_relaxed);
+  j.prefault = prefault;
   int lanes = static_cast<int>(std::min<size_t>(threads, j.pieces));
   if (timeline::enabled()) {
     std::vector<bool> streamed(j.blocks);
     for (size_t b = 0; b < j.blocks; ++b) streamed[b] = j.streams(b);
     timeline::begin(static_cast<int>(req.dir), req.bytes, j.block_off, streamed, lanes);
   }
-  // Fresh memory? Probe the middle of the range: malloc writes its chunk header into the first
-  // page of a new mapping, so the first page says nothing (PyTorch's .cpu() output is such memory).
-  j.prefault = req.dir == Direction::DtoH && prefault_mode() != Prefault::None &&
-               !page_resident(req.host + req.bytes / 2);
   if (j.prefault) {
     log::debug_once(4000, "d2h into memory not faulted in yet: the lanes fault it in ahead of the copy");
     if (prefault_mode() == Prefault::HugePopulate) advise_huge_pages(req.host, req.bytes);
