@@ -4,6 +4,7 @@ driver (host memory plays device memory, so the figures mean nothing; the plumbi
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -312,10 +313,10 @@ with copy_sweep.CopyBench(drv, dev, 1 << 20) as b:
     assert lines[1] == ["below_minimum", [1, 0, 0]] and lines[2] == ["below_minimum", [1, 0, 0]]
 
 
-@pytest.mark.parametrize("fresh_threads", ["", "5"])
-def test_never_touched_destinations_can_get_more_lanes(run_python, fresh_threads):
-    """CMT_FRESH_THREADS=N (an engine experiment): a device-to-host copy into memory not faulted in
-    yet runs on at least N lanes; one into touched memory keeps the rule's thread count."""
+@pytest.mark.parametrize("fresh_threads", ["", "5", "0"])
+def test_never_touched_destinations_get_more_lanes(run_python, fresh_threads):
+    """A device-to-host copy into memory not faulted in yet runs on at least CMT_FRESH_THREADS lanes
+    (default: the usable CPUs, at most 16); one into touched memory keeps the rule's thread count."""
     code = """
 import json
 from cmt import cuda, native
@@ -330,5 +331,6 @@ with copy_sweep.CopyBench(drv, drv.open_device(0), 8 << 20) as b:
     proc = run_python(code, env=env)
     assert proc.returncode == 0, proc.stderr
     fresh, touched = (json.loads(line) for line in proc.stdout.strip().splitlines()[-2:])
-    assert fresh["lanes"] == (5 if fresh_threads else 2)
+    least = int(fresh_threads) if fresh_threads else min(16, len(os.sched_getaffinity(0)))
+    assert fresh["lanes"] == max(2, least)
     assert touched["lanes"] == 2

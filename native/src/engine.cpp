@@ -108,6 +108,11 @@ void advise_huge_pages(char* p, size_t len) {
   if (e > a) madvise(reinterpret_cast<void*>(a), e - a, MADV_HUGEPAGE);
 }
 
+long usable_cpus() {
+  cpu_set_t set;
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+}
+
 // ---- engine state -----------------------------------------------------------------------------
 
 constexpr int kMaxSlots = kMaxBuffers;
@@ -552,10 +557,12 @@ CUresult Engine::copy(const CopyRequest& req) {
   // page of a new mapping, so the first page says nothing (PyTorch's .cpu() output is such memory).
   const bool prefault = req.dir == Direction::DtoH && prefault_mode() != Prefault::None &&
                         !page_resident(req.host + req.bytes / 2);
-  // Experiment (CMT_FRESH_THREADS=N): at least N lanes for a destination still to be faulted in:
-  // the kernel zeroes every page the lanes fault in, work the tuned thread counts did not include.
-  static const int fresh_threads =
-      static_cast<int>(std::clamp(env::number("CMT_FRESH_THREADS", 0), 0L, static_cast<long>(kMaxThreads)));
+  // A destination still to be faulted in gets at least CMT_FRESH_THREADS lanes (default: the CPUs
+  // this process may use, at most 16): the kernel zeroes every page the lanes fault in, work the
+  // tuned thread counts did not include. On the H200 host, cmt / never-touched GB/s with 16 lanes
+  // against the rules' 6-10: 16 MiB 27.3 / 24.4, 64 MiB 35.7 / 27.3, 1 GiB 29.7 / 24.8 (ab-final/).
+  static const int fresh_threads = static_cast<int>(
+      std::clamp(env::number("CMT_FRESH_THREADS", std::min(16L, usable_cpus())), 0L, static_cast<long>(kMaxThreads)));
   if (prefault) threads = std::max(threads, fresh_threads);
   // The environment is read once, not on every copy.
   static const size_t piece_override = static_cast<size_t>(std::max(0L, env::number("CMT_PIECE", 0)));
@@ -594,12 +601,13 @@ CUresult Engine::copy(const CopyRequest& req) {
   if (timeline::enabled()) trace_gpu_begin(res, j.blocks);
 
   j.stream_stores = st.stream_stores;
-  // Experiment (CMT_WINDOW_FLIP=1): consecutive device-to-host copies whose blocks fit twice in a
-  // slot use its two ends in turn, so that none of a copy's DMAs (not only the ramp's) writes lines
-  // its predecessor's copy-out has just read. Two whole rings in turn did that, and made 64 MiB
-  // copies faster but 1 GiB ones slower (timeline-alt.json, ab-alt-ring/); this needs no more memory
-  // and leaves copies with blocks as large as the slots alone.
-  static const bool flip = env::number("CMT_WINDOW_FLIP", 0) != 0;
+  // Consecutive device-to-host copies whose blocks fit twice in a slot use its two ends in turn
+  // (CMT_WINDOW_FLIP=0: always the start), so that none of a copy's DMAs (not only the ramp's)
+  // writes lines its predecessor's copy-out has just read. Two whole rings in turn did that, and
+  // made 64 MiB copies faster but 1 GiB ones slower (timeline-alt.json, ab-alt-ring/); this needs
+  // no more memory and leaves copies with blocks as large as the slots alone. Side by side on the
+  // H200 host (ab-final/, 2 processes each): d2h 16 MiB 77% of pinned against 73%, 64 MiB 87% both.
+  static const bool flip = env::number("CMT_WINDOW_FLIP", 1) != 0;
   const size_t span = (block + 4095) & ~size_t(4095);
   j.window = 0;
   j.window_bytes = slot_bytes_;
