@@ -35,7 +35,7 @@ VARIANTS = {"default": {}, "spin": {"CMT_SPIN_US": "20000"},
             "stream-down-full1": {"CMT_RAMP_STREAM": "1", "CMT_RAMP_STREAM_FULL": "1"},
             "stream-down-full2": {"CMT_RAMP_STREAM": "1", "CMT_RAMP_STREAM_FULL": "2"},
             "stream-up": {"CMT_RAMP_STREAM": "3"}, "ramp-head": {"CMT_RAMP_TAIL": "0"},
-            "window-flip": {"CMT_WINDOW_FLIP": "1"}}
+            "window-start": {"CMT_WINDOW_FLIP": "0"}, "pin-lanes": {"CMT_PIN_LANES": "1"}}
 
 
 def us(ns: float) -> float:

@@ -334,3 +334,33 @@ with copy_sweep.CopyBench(drv, drv.open_device(0), 8 << 20) as b:
     least = int(fresh_threads) if fresh_threads else min(16, len(os.sched_getaffinity(0)))
     assert fresh["lanes"] == max(2, least)
     assert touched["lanes"] == 2
+
+
+def test_pinned_lanes_run_on_one_cpu_each(run_python):
+    """CMT_PIN_LANES=1 (an engine experiment): copy worker k may run only on the k-th usable CPU;
+    the calling thread keeps its own mask, and the copies stay exact."""
+    code = """
+import json, os
+from cmt import cuda
+from cmt.bench import copy_sweep
+drv = cuda.load()
+with copy_sweep.CopyBench(drv, drv.open_device(0), 8 << 20) as b:
+    for direction in ("h2d", "d2h"):
+        b.verify("cmt", direction, 8 << 20, copy_sweep.EngineSettings(3, 4, 1 << 20))
+masks = {}
+for tid in os.listdir("/proc/self/task"):
+    try:  # the stand-in driver's stream threads come and go; cmt's workers live on
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            name = f.read().strip()
+        if name.startswith("cmt-copy-"):
+            masks[name] = sorted(os.sched_getaffinity(int(tid)))
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+print(json.dumps({"workers": masks, "caller": sorted(os.sched_getaffinity(0))}))
+"""
+    proc = run_python(code, env={"CMT_PIN_LANES": "1"})
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    allowed = sorted(os.sched_getaffinity(0))
+    assert got["caller"] == allowed
+    assert got["workers"] == {f"cmt-copy-{k}": [allowed[k % len(allowed)]] for k in (1, 2)}

@@ -113,6 +113,26 @@ long usable_cpus() {
   return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
 }
 
+// Experiment (CMT_PIN_LANES=1): worker k runs only on the k-th CPU this process may use (modulo
+// their number). The same copy varies by up to 8% from one process to the next on the H200 host
+// (ab-ramp/), as if it mattered which CPUs the scheduler gave the lanes; pinned, every process
+// gets the same placement. The calling thread, lane 0, is the program's own and stays unpinned.
+void pin_worker(int index) {
+  static const bool pin = env::number("CMT_PIN_LANES", 0) != 0;
+  cpu_set_t allowed;
+  if (!pin || sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
+  int n = CPU_COUNT(&allowed), k = index % n;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed) && k-- == 0) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpu, &one);
+      pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+      return;
+    }
+  }
+}
+
 // ---- engine state -----------------------------------------------------------------------------
 
 constexpr int kMaxSlots = kMaxBuffers;
@@ -343,6 +363,7 @@ void Engine::worker_main(int index, uint64_t seen) {
   char name[16];
   snprintf(name, sizeof name, "cmt-copy-%d", index);
   pthread_setname_np(pthread_self(), name);
+  pin_worker(index);
   bool spin = false;  // only a worker the last copy used spins for the next: idle ones leave the CPUs to the lanes
   for (;;) {
     uint64_t t = ticket_.load(std::memory_order_acquire);
