@@ -256,27 +256,33 @@ with copy_sweep.CopyBench(drv, dev, 8 << 20) as b:
     assert untraced.returncode == 0 and untraced.stdout.strip() == "None", untraced.stderr
 
 
+def traced_copies(run_python, directions: tuple[str, ...], threads: int, env: dict[str, str]) -> list[dict]:
+    """The engine's timeline (CMT_TRACE=1) of one 8 MiB copy per direction, in 1 MiB blocks over
+    four slots, in a fresh process with `env`."""
+    code = f"""
+import json
+from cmt import cuda, native
+from cmt.bench import copy_sweep
+drv = cuda.load()
+with copy_sweep.CopyBench(drv, drv.open_device(0), 8 << 20) as b:
+    for direction in {directions!r}:
+        b.copy_seconds("cmt", direction, 8 << 20, copy_sweep.EngineSettings({threads}, 4, 1 << 20))
+        print(json.dumps(native.last_timeline()))
+"""
+    proc = run_python(code, env={"CMT_TRACE": "1", **env})
+    assert proc.returncode == 0, proc.stderr
+    return [json.loads(line) for line in proc.stdout.strip().splitlines()[-len(directions):]]
+
+
 @pytest.mark.parametrize(("ramp_stream", "full"), [("", ""), ("0", "2"), ("1", ""), ("2", ""), ("3", ""), ("1", "2")])
 def test_host_to_device_ramp_blocks_use_streaming_stores(run_python, ramp_stream, full):
     """CMT_RAMP_STREAM picks which host-to-device ramps are filled with streaming stores whatever
     the rule says: the ramp down (1, the default), none (0), both (2), the ramp up (3);
     CMT_RAMP_STREAM_FULL=K adds the last K full blocks to a streamed ramp down. Device-to-host
     copies keep the rule's stores."""
-    code = """
-import json
-from cmt import cuda, native
-from cmt.bench import copy_sweep
-drv = cuda.load()
-with copy_sweep.CopyBench(drv, drv.open_device(0), 8 << 20) as b:
-    for direction in ("h2d", "d2h"):
-        b.copy_seconds("cmt", direction, 8 << 20, copy_sweep.EngineSettings(3, 4, 1 << 20))
-        print(json.dumps(native.last_timeline()))
-"""
-    env = {"CMT_TRACE": "1", **({"CMT_RAMP_STREAM": ramp_stream} if ramp_stream else {}),
+    env = {**({"CMT_RAMP_STREAM": ramp_stream} if ramp_stream else {}),
            **({"CMT_RAMP_STREAM_FULL": full} if full else {})}
-    proc = run_python(code, env=env)
-    assert proc.returncode == 0, proc.stderr
-    h2d, d2h = (json.loads(line) for line in proc.stdout.strip().splitlines()[-2:])
+    h2d, d2h = traced_copies(run_python, ("h2d", "d2h"), threads=3, env=env)
     # 8 MiB in 1 MiB blocks: ramp up 128K 256K 512K, six full blocks, ramp down 576K 320K 128K 128K
     sizes = [128 << 10, 256 << 10, 512 << 10] + [1 << 20] * 6 + [576 << 10, 320 << 10, 128 << 10, 128 << 10]
     assert h2d["block_bytes"] == sizes == d2h["block_bytes"]
@@ -317,20 +323,8 @@ with copy_sweep.CopyBench(drv, dev, 1 << 20) as b:
 def test_never_touched_destinations_get_more_lanes(run_python, fresh_threads):
     """A device-to-host copy into memory not faulted in yet runs on at least CMT_FRESH_THREADS lanes
     (default: the usable CPUs, at most 16); one into touched memory keeps the rule's thread count."""
-    code = """
-import json
-from cmt import cuda, native
-from cmt.bench import copy_sweep
-drv = cuda.load()
-with copy_sweep.CopyBench(drv, drv.open_device(0), 8 << 20) as b:
-    for direction in ("d2h-fresh", "d2h"):
-        b.copy_seconds("cmt", direction, 8 << 20, copy_sweep.EngineSettings(2, 4, 1 << 20))
-        print(json.dumps(native.last_timeline()))
-"""
-    env = {"CMT_TRACE": "1", **({"CMT_FRESH_THREADS": fresh_threads} if fresh_threads else {})}
-    proc = run_python(code, env=env)
-    assert proc.returncode == 0, proc.stderr
-    fresh, touched = (json.loads(line) for line in proc.stdout.strip().splitlines()[-2:])
+    env = {"CMT_FRESH_THREADS": fresh_threads} if fresh_threads else {}
+    fresh, touched = traced_copies(run_python, ("d2h-fresh", "d2h"), threads=2, env=env)
     least = int(fresh_threads) if fresh_threads else min(16, len(os.sched_getaffinity(0)))
     assert fresh["lanes"] == max(2, least)
     assert touched["lanes"] == 2
