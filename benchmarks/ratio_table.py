@@ -15,15 +15,22 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from cmt.bench import report
+
 
 def ratios(path: str) -> dict[tuple[str, int], float]:
     """(direction, bytes) -> cmt's median bandwidth over pinned's in the run that wrote `path`; for
     a direction the run measured no pinned copy of (`d2h-fresh`), cmt's GB/s."""
     with open(path) as f:
-        doc = json.load(f)
-    by = {(r["mode"], r["direction"], r["bytes"]): r["median_gbps"] for r in doc["results"]}
-    return {(d, n): g / by[("pinned", d, n)] if ("pinned", d, n) in by else g
-            for (m, d, n), g in by.items() if m == "cmt"}
+        data = report.results_by_key(json.load(f))
+    out = {}
+    for (mode, d), by_size in data.items():
+        if mode != "cmt":
+            continue
+        pinned = data.get(("pinned", d), {})
+        for n, r in by_size.items():
+            out[(d, n)] = r["median_gbps"] / pinned[n]["median_gbps"] if n in pinned else r["median_gbps"]
+    return out
 
 
 def cell(direction: str, x: float) -> str:

@@ -108,9 +108,19 @@ void advise_huge_pages(char* p, size_t len) {
   if (e > a) madvise(reinterpret_cast<void*>(a), e - a, MADV_HUGEPAGE);
 }
 
-long usable_cpus() {
+// The CPUs this thread may run on (CPU 0 alone if the kernel will not say).
+cpu_set_t allowed_cpus() {
   cpu_set_t set;
-  return sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) {
+    CPU_ZERO(&set);
+    CPU_SET(0, &set);
+  }
+  return set;
+}
+
+long usable_cpus() {
+  cpu_set_t set = allowed_cpus();
+  return CPU_COUNT(&set);
 }
 
 // Experiment (CMT_PIN_LANES=1): worker k runs only on the k-th CPU this process may use (modulo
@@ -119,9 +129,9 @@ long usable_cpus() {
 // gets the same placement. The calling thread, lane 0, is the program's own and stays unpinned.
 void pin_worker(int index) {
   static const bool pin = env::number("CMT_PIN_LANES", 0) != 0;
-  cpu_set_t allowed;
-  if (!pin || sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
-  int n = CPU_COUNT(&allowed), k = index % n;
+  if (!pin) return;
+  cpu_set_t allowed = allowed_cpus();
+  int k = index % CPU_COUNT(&allowed);
   for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
     if (CPU_ISSET(cpu, &allowed) && k-- == 0) {
       cpu_set_t one;
@@ -174,6 +184,7 @@ struct Job {
   bool stream_stores = false;         // Settings::stream_stores
   size_t stream_below = 0;            // host-to-device: blocks before this one and from
   size_t stream_from = SIZE_MAX;      // this one on are filled with streaming stores
+  size_t ramp_up_blocks = 0;          // the first blocks, smaller than a chunk (Job::cut)
   size_t tail_below = 0;              // blocks before this one are staged at the end of their window
   size_t window = 0;                  // the part of every slot this copy uses: [window, window + window_bytes)
   size_t window_bytes = 0;
@@ -195,6 +206,7 @@ struct Job {
     return static_cast<size_t>(std::upper_bound(piece_off.begin(), piece_off.end(), p) - piece_off.begin()) - 1;
   }
   void cut(size_t chunk, bool ramp, int lanes);
+  void place(size_t slot_bytes, size_t chunk, bool& flipped);
 };
 
 constexpr size_t kMinPiece = 64 << 10;  // per-piece costs (claiming, a slot's counter) stay small
@@ -230,20 +242,11 @@ void Job::cut(size_t chunk, bool ramp, int lanes) {
   stream_from = SIZE_MAX;
   for (size_t s = first; s < chunk && rem; s *= 2) take(s);  // ramp up
   const size_t ramp_up_end = block_off.size() - 1;
+  ramp_up_blocks = ramp ? ramp_up_end : 0;
   if (ramp && stream_up) stream_below = ramp_up_end;
   while (rem > (ramp ? 2 * chunk : 0)) take(chunk);           // full blocks
   const size_t full_end = block_off.size() - 1;
   if (ramp && stream_down) stream_from = full_end - std::min(full_streamed, full_end - ramp_up_end);
-  // Device-to-host ramp-up blocks are staged at the end of their slots (CMT_RAMP_TAIL=0: at the
-  // start). A DMA writing staging lines the CPU still caches runs at half the link or less
-  // (explore_ramp.cpp), and a copy's first DMAs would otherwise write the slots' first bytes, which
-  // the last copy's last copy-outs have just read; the end of a slot is the ring memory the last
-  // copy touched least recently. Two rings used by copies in turn (an experiment, removed) made
-  // these DMAs fast too (64 MiB: 39-43 / 51 / 53 GB/s against 25 / 32 / 38) but slowed 1 GiB
-  // copies by 5-10% (timeline-alt.json, ab-alt-ring/). Side by side (ab-ramp/, 2026-12-03), cmt / pinned:
-  // 16 MiB 73-77% against 70%, 64 MiB 85-87% against 84%, larger copies unchanged.
-  static const bool tail = env::number("CMT_RAMP_TAIL", 1) != 0;
-  tail_below = ramp && tail && dir == Direction::DtoH ? ramp_up_end : 0;
   while (rem > first) take(std::min(chunk, (rem / 2 + kMinPiece - 1) & ~(kMinPiece - 1)));  // ramp down
   if (rem) take(rem);
   blocks = block_off.size() - 1;
@@ -256,6 +259,35 @@ void Job::cut(size_t chunk, bool ramp, int lanes) {
     piece_off.push_back(piece_off.back() + (len + piece_len.back() - 1) / piece_len.back());
   }
   pieces = piece_off.back();
+}
+
+// Where the blocks lie in the slots (slot_bytes each, blocks of up to `chunk`); `flipped` is the
+// engine's memory of which end of the slots the last device-to-host copy used.
+void Job::place(size_t slot_bytes, size_t chunk, bool& flipped) {
+  // Consecutive device-to-host copies whose blocks fit twice in a slot use its two ends in turn
+  // (CMT_WINDOW_FLIP=0: always the start), so that none of a copy's DMAs (not only the ramp's)
+  // writes lines its predecessor's copy-out has just read. Two whole rings in turn (an experiment,
+  // removed) did that, and made 64 MiB copies faster (first DMAs 39-43 / 51 / 53 GB/s against
+  // 25 / 32 / 38) but 1 GiB ones 5-10% slower (timeline-alt.json, ab-alt-ring/); this needs
+  // no more memory and leaves copies with blocks as large as the slots alone. Side by side on the
+  // H200 host (ab-final/, 2 processes each): d2h 16 MiB 77% of pinned against 73%, 64 MiB 87% both.
+  static const bool flip = env::number("CMT_WINDOW_FLIP", 1) != 0;
+  const size_t span = (chunk + 4095) & ~size_t(4095);
+  window = 0;
+  window_bytes = slot_bytes;
+  if (flip && dir == Direction::DtoH && slot_bytes >= 2 * span) {
+    flipped = !flipped;
+    window = flipped ? (slot_bytes - span) & ~size_t(4095) : 0;
+    window_bytes = span;
+  }
+  // Device-to-host ramp-up blocks are staged at the end of their window (CMT_RAMP_TAIL=0: at the
+  // start). A DMA writing staging lines the CPU still caches runs at half the link or less
+  // (explore_ramp.cpp), and a copy's first DMAs would otherwise write the slots' first bytes, which
+  // the last copy's last copy-outs have just read; the end of a window is the ring memory the last
+  // copy touched least recently. Side by side (ab-ramp/, 2026-12-03), cmt / pinned: 16 MiB 73-77%
+  // against 70%, 64 MiB 85-87% against 84%, larger copies unchanged.
+  static const bool tail = env::number("CMT_RAMP_TAIL", 1) != 0;
+  tail_below = tail && dir == Direction::DtoH ? ramp_up_blocks : 0;
 }
 
 class Engine {
@@ -436,9 +468,7 @@ bool Engine::wait_done(Slot& s, long round) {
       return false;
     }
   }
-  if (timeline::enabled()) {
-    timeline::note(timeline::Step::DmaDone, round * job_.slots + (&s - slots_));
-  }
+  if (timeline::enabled()) timeline::note(timeline::Step::DmaDone, round * job_.slots + (&s - slots_));
   s.known_done.store(round, std::memory_order_release);
   return true;
 }
@@ -622,21 +652,7 @@ CUresult Engine::copy(const CopyRequest& req) {
   if (timeline::enabled()) trace_gpu_begin(res, j.blocks);
 
   j.stream_stores = st.stream_stores;
-  // Consecutive device-to-host copies whose blocks fit twice in a slot use its two ends in turn
-  // (CMT_WINDOW_FLIP=0: always the start), so that none of a copy's DMAs (not only the ramp's)
-  // writes lines its predecessor's copy-out has just read. Two whole rings in turn did that, and
-  // made 64 MiB copies faster but 1 GiB ones slower (timeline-alt.json, ab-alt-ring/); this needs
-  // no more memory and leaves copies with blocks as large as the slots alone. Side by side on the
-  // H200 host (ab-final/, 2 processes each): d2h 16 MiB 77% of pinned against 73%, 64 MiB 87% both.
-  static const bool flip = env::number("CMT_WINDOW_FLIP", 1) != 0;
-  const size_t span = (block + 4095) & ~size_t(4095);
-  j.window = 0;
-  j.window_bytes = slot_bytes_;
-  if (flip && req.dir == Direction::DtoH && slot_bytes_ >= 2 * span) {
-    window_flipped_ = !window_flipped_;
-    j.window = window_flipped_ ? (slot_bytes_ - span) & ~size_t(4095) : 0;
-    j.window_bytes = span;
-  }
+  j.place(slot_bytes_, block, window_flipped_);
   j.ctx = req.ctx;
   j.res = res;
   j.host = req.host;

@@ -67,7 +67,7 @@ def machine_text(machine: dict[str, Any]) -> str:
 
 
 # -- copy sweep -----------------------------------------------------------------------------------
-def _by_key(doc: dict[str, Any]) -> dict[tuple[str, str], dict[int, dict[str, Any]]]:
+def results_by_key(doc: dict[str, Any]) -> dict[tuple[str, str], dict[int, dict[str, Any]]]:
     """{(mode, direction): {bytes: result}}; CPU results keyed by ('cpu<T>', 'h2h')."""
     table: dict[tuple[str, str], dict[int, dict[str, Any]]] = defaultdict(dict)
     for r in doc["results"]:
@@ -76,7 +76,7 @@ def _by_key(doc: dict[str, Any]) -> dict[tuple[str, str], dict[int, dict[str, An
     return table
 
 
-def _ceiling(direction: str) -> str:
+def pinned_ceiling(direction: str) -> str:
     """Pinned memory is never fresh: d2h's pinned figure is the ceiling for d2h-fresh too."""
     return "d2h" if direction == "d2h-fresh" else direction
 
@@ -104,7 +104,7 @@ def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None, percent: bool = F
 
 def copy_tables(doc: dict[str, Any]) -> list[Table]:
     """One table per direction (GB/s: median (min-max)), and one for CPU memcpy by threads."""
-    data = _by_key(doc)
+    data = results_by_key(doc)
     sizes = doc["settings"]["sizes"]
     tables = []
     for d in doc["settings"]["directions"]:
@@ -113,7 +113,8 @@ def copy_tables(doc: dict[str, Any]) -> list[Table]:
         for col in ("size", "pageable", "pinned", "cmt", "cmt/pageable", "cmt/pinned"):
             t.add_column(col, justify="right", no_wrap=True)
         for n in sizes:
-            page, pin, cmt = data[("pageable", d)].get(n), data[("pinned", _ceiling(d))].get(n), data[("cmt", d)].get(n)
+            page, cmt = data[("pageable", d)].get(n), data[("cmt", d)].get(n)
+            pin = data[("pinned", pinned_ceiling(d))].get(n)
             t.add_row(format_size(n), _cell(page), _cell(pin), _cell(cmt), _ratio(cmt, page), _ratio(cmt, pin, True))
             if cmt and cmt.get("outcome") not in (None, "accelerated"):
                 t.caption = _PASSED_NOTE
@@ -137,7 +138,7 @@ _STYLE = {"pageable": ("tab:red", "-", "o"), "cmt": ("tab:blue", "-", "s"), "pin
 def plot_copy(doc: dict[str, Any], path: Path) -> Path:
     """Bandwidth against size (log x), one panel per direction, pinned as the ceiling line."""
     plt = _pyplot()
-    data = _by_key(doc)
+    data = results_by_key(doc)
     panels = list(doc["settings"]["directions"])
     threads = doc["settings"]["cpu_threads"] if "cpu" in doc["settings"]["modes"] else []
     if threads:
@@ -151,7 +152,7 @@ def plot_copy(doc: dict[str, Any], path: Path) -> Path:
     for ax, d in zip(axes.flat, panels, strict=False):
         lines = ([(f"{k} thread{'s' if k > 1 else ''}", data[(f"cpu{k}", "h2h")], (None, "-", ".")) for k in threads]
                  if d == "h2h" else
-                 [(m, data[(m, _ceiling(d) if m == "pinned" else d)], _STYLE[m]) for m in _STYLE])
+                 [(m, data[(m, pinned_ceiling(d) if m == "pinned" else d)], _STYLE[m]) for m in _STYLE])
         for label, points, (color, style, marker) in lines:
             xs = sorted(points)
             if xs:
