@@ -29,7 +29,7 @@ GRID = {
     ("d2h", 64 * MIB): [(6, 4, 4 * MIB, False), (10, 4, 8 * MIB, False), (14, 8, 4 * MIB, False),
                         (12, 16, 2 * MIB, False)],
 }
-VARIANTS = {"default": {}, "spin": {"CMT_SPIN_US": "20000"},
+VARIANTS = {"default": {}, "spin": {"CMT_SPIN_US": "20000"}, "nospin": {"CMT_SPIN_US": "0"},
             "cached-ramps": {"CMT_RAMP_STREAM": "0"}, "stream-down": {"CMT_RAMP_STREAM": "1"},
             "stream-ramps": {"CMT_RAMP_STREAM": "2"},
             "stream-down-full1": {"CMT_RAMP_STREAM": "1", "CMT_RAMP_STREAM_FULL": "1"},
@@ -65,7 +65,7 @@ def dma_analysis(tl: dict, lanes_done_us: float) -> dict:
             "block_bytes": tl["block_bytes"], "block_stream": tl.get("block_stream")}
 
 
-def summarise(tl: dict, t_call: int, t_synced: int) -> dict:
+def summarise(tl: dict, t_call: int, t_synced: int, t_returned: int) -> dict:
     """Times in µs from the engine's start of the copy."""
     steps = tl["steps"]
     t0 = steps[0][0]
@@ -80,7 +80,7 @@ def summarise(tl: dict, t_call: int, t_synced: int) -> dict:
         "lane_start_max": us(max(lane_starts)) if lane_starts else 0,
         "first_dma_queued": us(queued[0]), "last_dma_queued": us(queued[-1]),
         "lanes_done": lanes_done, "copy_end": us(at("copy_end")[-1]),
-        "synced": us(t_synced - t0),
+        "returned": us(t_returned - t0), "synced": us(t_synced - t0),
         "dma_queued": [us(q) for q in queued],
         **dma_analysis(tl, lanes_done),
     }
@@ -116,16 +116,17 @@ def child(size: int, direction: str, repeats: int, rotate: int) -> list[dict]:
             t_call = time.monotonic_ns()
             r = native.memcpy(direction, host.data_ptr(), dev.data_ptr(), size, threads=threads, buffers=buffers,
                               chunk=chunk, stream_stores=nt)
+            t_returned = time.monotonic_ns()
             torch.cuda.synchronize()
             t_synced = time.monotonic_ns()
             assert r == 0, int(r)
-            runs.append((t_synced - t_call, native.last_timeline(), t_call, t_synced))
+            runs.append((t_synced - t_call, native.last_timeline(), t_call, t_synced, t_returned))
         runs = sorted(runs[2:], key=lambda x: x[0])
-        dur, tl, t_call, t_synced = runs[len(runs) // 2]
+        dur, tl, t_call, t_synced, t_returned = runs[len(runs) // 2]
         results.append({"threads": threads, "buffers": buffers, "chunk": chunk, "stream_stores": nt,
                         "gbps": round(size / dur, 2), "pinned_gbps": round(size / pinned_s / 1e9, 2),
                         "ratio": round(size / dur / (size / pinned_s / 1e9), 3),
-                        "pinned_us": round(pinned_s * 1e6, 1), **summarise(tl, t_call, t_synced)})
+                        "pinned_us": round(pinned_s * 1e6, 1), **summarise(tl, t_call, t_synced, t_returned)})
     return results
 
 
@@ -161,7 +162,8 @@ def main() -> None:
                       f"c{res['chunk'] // MIB}M{' nt' if res['stream_stores'] else '   '} {res['gbps']:5.1f} GB/s "
                       f"({res['ratio']:.0%} of pinned {res['pinned_gbps']}) | start {res['lane_start_median']}"
                       f"/{res['lane_start_max']} q {res['first_dma_queued']}-{res['last_dma_queued']} "
-                      f"lanes {res['lanes_done']} synced {res['synced']} | dma {res.get('dma_first_start')}-"
+                      f"lanes {res['lanes_done']} end {res['copy_end']} returned {res['returned']} "
+                      f"synced {res['synced']} | dma {res.get('dma_first_start')}-"
                       f"{res.get('dma_last_end')} idle {res.get('dma_idle')} GB/s fill "
                       f"{res.get('dma_gbps_while_filling')} after {res.get('dma_gbps_after')}", flush=True)
     if args.out:

@@ -3,7 +3,7 @@
 # $OUT/results.tar.gz (the device tool brings back at most 8 files) and print short summaries.
 #   bash benchmarks/gpu_session.sh gputests core benchcopy
 # Steps: gputests torchtests core coretuned benchcopy workloads profiles tune (= tuneinstant tunefull tunedcopy)
-#        overhead variants sweep timeline timelinecold pinned ramp abcopy. The archive is rewritten after every step: a call cut short by its
+#        overhead variants sweep timeline timelinecold pinned ramp register abcopy. The archive is rewritten after every step: a call cut short by its
 #        time limit still brings back the steps it finished.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -57,10 +57,13 @@ for step in "${steps[@]}"; do
     ramp)  # the DMA rate of a ramp of blocks by what the CPU did to the staging slots just before
       nvcc -O2 -Xcompiler -mavx2,-mclflushopt -o /tmp/explore_ramp benchmarks/explore_ramp.cpp -lcuda -lpthread &&
         timeout 120 /tmp/explore_ramp | tee "$R/ramp.jsonl" ;;
+    register)  # page-locking the program's own buffer for one copy: register, DMA, unregister
+      nvcc -O2 -o /tmp/explore_register benchmarks/explore_register.cpp -lcuda -lpthread &&
+        timeout 150 /tmp/explore_register | tee "$R/register.jsonl" ;;
     abcopy)  # bench copy pinned vs cmt, one process per environment of AB_VARIANTS (VAR=V[,VAR=V]) per round
       for round in $(seq "${AB_ROUNDS:-2}"); do
         for v in ${AB_VARIANTS:-CMT_RAMP_TAIL=0 CMT_RAMP_TAIL=1}; do
-          d="$R/ab/${v//,/_}/run$round"
+          d="$R/ab/$(echo "$v" | tr ",/" "__")/run$round"
           env ${v//,/ } timeout 100 python3 -m cmt bench copy --sizes "${AB_SIZES:-16M,64M,256M,1G}" --modes pinned,cmt \
             --directions "${AB_DIRECTIONS:-h2d,d2h}" --no-plot --out "$d" > /dev/null 2>&1 || echo "abcopy $v round $round failed"
           python3 benchmarks/ratio_table.py "$v" "$d/copy.json"
