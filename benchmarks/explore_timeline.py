@@ -35,7 +35,8 @@ VARIANTS = {"default": {}, "spin": {"CMT_SPIN_US": "20000"}, "nospin": {"CMT_SPI
             "stream-down-full1": {"CMT_RAMP_STREAM": "1", "CMT_RAMP_STREAM_FULL": "1"},
             "stream-down-full2": {"CMT_RAMP_STREAM": "1", "CMT_RAMP_STREAM_FULL": "2"},
             "stream-up": {"CMT_RAMP_STREAM": "3"}, "ramp-head": {"CMT_RAMP_TAIL": "0"},
-            "window-start": {"CMT_WINDOW_FLIP": "0"}, "pin-lanes": {"CMT_PIN_LANES": "1"}}
+            "window-start": {"CMT_WINDOW_FLIP": "0"},
+            "ramp-demote": {"CMT_RAMP_DEMOTE": "1"}}
 
 
 def us(ns: float) -> float:
@@ -62,7 +63,7 @@ def dma_analysis(tl: dict, lanes_done_us: float) -> dict:
             "dma_gbps_busy": rate(dmas), "dma_gbps_while_filling": rate([d for d in dmas if d[1] <= lanes_done_us]),
             "dma_gbps_after": rate([d for d in dmas if d[0] >= lanes_done_us]),
             "dma_gpu": [[round(s, 1), round(e, 1)] for s, e in times],
-            "block_bytes": tl["block_bytes"], "block_stream": tl.get("block_stream")}
+            "block_bytes": tl["block_bytes"], "block_fill": tl.get("block_fill")}
 
 
 def summarise(tl: dict, t_call: int, t_synced: int, t_returned: int) -> dict:

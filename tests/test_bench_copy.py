@@ -239,7 +239,7 @@ with copy_sweep.CopyBench(drv, dev, 8 << 20) as b:
     for direction, line in enumerate(proc.stdout.strip().splitlines()[-2:]):
         tl = json.loads(line)
         assert tl["direction"] == direction and tl["bytes"] == 8 << 20 and tl["blocks"] == 8 and tl["lanes"] == 3
-        assert tl["block_bytes"] == [1 << 20] * 8 and tl["block_stream"] == [0] * 8
+        assert tl["block_bytes"] == [1 << 20] * 8 and tl["block_fill"] == [0] * 8
         steps = tl["steps"]
         names = [s[2] for s in steps]
         assert names[0] == "copy_start" and names[-1] == "copy_end"
@@ -289,8 +289,23 @@ def test_host_to_device_ramp_blocks_use_streaming_stores(run_python, ramp_stream
     mode = ramp_stream or "1"
     up, down = [int(mode in ("2", "3"))] * 3, [int(mode in ("1", "2"))] * 4
     last_full = [int(mode in ("1", "2") and full == "2")] * 2
-    assert h2d["block_stream"] == up + [0] * 4 + last_full + down
-    assert d2h["block_stream"] == [0] * 13
+    assert h2d["block_fill"] == up + [0] * 4 + last_full + down
+    assert d2h["block_fill"] == [0] * 13
+
+
+@pytest.mark.parametrize("ramp_stream", ["", "0", "2"])
+def test_host_to_device_ramp_demote_marks_the_cached_blocks_dmad_right_after_their_fill(run_python, ramp_stream):
+    """CMT_RAMP_DEMOTE=1: the ramp up's cached blocks and the last cached full block (with a cached
+    ramp down, that too) are demoted once filled (timeline code 2); streamed blocks stay streamed,
+    device-to-host copies are untouched."""
+    env = {"CMT_RAMP_DEMOTE": "1", **({"CMT_RAMP_STREAM": ramp_stream} if ramp_stream else {})}
+    h2d, d2h = traced_copies(run_python, ("h2d", "d2h"), threads=3, env=env)
+    # 8 MiB in 1 MiB blocks: ramp up (3 blocks), six full blocks, ramp down (4 blocks)
+    expected = {"": [2] * 3 + [0] * 5 + [2] + [1] * 4,   # default: ramp down streamed
+                "0": [2] * 3 + [0] * 5 + [2] + [2] * 4,  # nothing streamed: ramp down demoted too
+                "2": [1] * 3 + [0] * 5 + [2] + [1] * 4}  # both ramps streamed
+    assert h2d["block_fill"] == expected[ramp_stream]
+    assert d2h["block_fill"] == [0] * 13
 
 
 def test_cmt_mode_below_the_plans_minimum_makes_the_programs_own_call(run_python):
@@ -328,33 +343,3 @@ def test_never_touched_destinations_get_more_lanes(run_python, fresh_threads):
     least = int(fresh_threads) if fresh_threads else min(16, len(os.sched_getaffinity(0)))
     assert fresh["lanes"] == max(2, least)
     assert touched["lanes"] == 2
-
-
-def test_pinned_lanes_run_on_one_cpu_each(run_python):
-    """CMT_PIN_LANES=1 (an engine experiment): copy worker k may run only on the k-th usable CPU;
-    the calling thread keeps its own mask, and the copies stay exact."""
-    code = """
-import json, os
-from cmt import cuda
-from cmt.bench import copy_sweep
-drv = cuda.load()
-with copy_sweep.CopyBench(drv, drv.open_device(0), 8 << 20) as b:
-    for direction in ("h2d", "d2h"):
-        b.verify("cmt", direction, 8 << 20, copy_sweep.EngineSettings(3, 4, 1 << 20))
-masks = {}
-for tid in os.listdir("/proc/self/task"):
-    try:  # the stand-in driver's stream threads come and go; cmt's workers live on
-        with open(f"/proc/self/task/{tid}/comm") as f:
-            name = f.read().strip()
-        if name.startswith("cmt-copy-"):
-            masks[name] = sorted(os.sched_getaffinity(int(tid)))
-    except (FileNotFoundError, ProcessLookupError):
-        pass
-print(json.dumps({"workers": masks, "caller": sorted(os.sched_getaffinity(0))}))
-"""
-    proc = run_python(code, env={"CMT_PIN_LANES": "1"})
-    assert proc.returncode == 0, proc.stderr
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
-    allowed = sorted(os.sched_getaffinity(0))
-    assert got["caller"] == allowed
-    assert got["workers"] == {f"cmt-copy-{k}": [allowed[k % len(allowed)]] for k in (1, 2)}

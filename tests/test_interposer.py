@@ -73,7 +73,10 @@ def eager_servers(fake_driver_dir):
                # an experiment: consecutive device-to-host copies use the two ends of slots twice their
                # blocks' size (a rule for larger copies makes the slots 4 MiB)
                "window-flip": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN + ";d2h:1073741824=3,4,4194304",
-                                         CMT_PIECE="4096", CMT_WINDOW_FLIP="1")}
+                                         CMT_PIECE="4096", CMT_WINDOW_FLIP="1"),
+               # an experiment: cached host-to-device blocks of the ramps demoted once filled
+               "ramp-demote": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN.replace(",stream", ""),
+                                         CMT_PIECE="4096", CMT_RAMP_DEMOTE="1", CMT_RAMP_STREAM="0")}
     yield servers
     for s in servers.values():
         s.close()
@@ -101,7 +104,8 @@ SIZES = st.one_of(
                              ("cuMemcpy", "cuMemcpy"), ("cuMemcpyAsync_ptsz", "cuMemcpyAsync")]),
        stream=st.sampled_from(["null", "legacy", "per_thread", "blocking", "nonblocking"]),
        seed=st.integers(0, 2**32),
-       geometry=st.sampled_from(["uniform", "ramped", "entry-on-stream", "ramp-head", "window-flip"]))
+       geometry=st.sampled_from(["uniform", "ramped", "entry-on-stream", "ramp-head", "window-flip",
+                                  "ramp-demote"]))
 def test_bytes_exact_at_any_size_and_offset(eager_servers, size, host_off, dev_off, pair, stream, seed, geometry):
     r = eager_servers[geometry]("roundtrip", size=size, host_off=host_off, dev_off=dev_off, h2d=pair[0], d2h=pair[1],
                      stream=stream, seed=seed)
@@ -109,7 +113,7 @@ def test_bytes_exact_at_any_size_and_offset(eager_servers, size, host_off, dev_o
     assert outcome(r, "h2d") == {"accelerated": 1} and outcome(r, "d2h") == {"accelerated": 1}
 
 
-@pytest.mark.parametrize("geometry", ["ramped", "ramp-head", "window-flip"])
+@pytest.mark.parametrize("geometry", ["ramped", "ramp-head", "window-flip", "ramp-demote"])
 def test_bytes_exact_through_every_kind_of_block(eager_servers, geometry):
     """A size that ramps up, runs full blocks and ramps down, with data unlike what the slots held:
     a block staged at the wrong place in its slot cannot pass."""

@@ -108,39 +108,11 @@ void advise_huge_pages(char* p, size_t len) {
   if (e > a) madvise(reinterpret_cast<void*>(a), e - a, MADV_HUGEPAGE);
 }
 
-// The CPUs this thread may run on (CPU 0 alone if the kernel will not say).
-cpu_set_t allowed_cpus() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) != 0) {
-    CPU_ZERO(&set);
-    CPU_SET(0, &set);
-  }
-  return set;
-}
-
+// How many CPUs this thread may run on (1 if the kernel will not say).
 long usable_cpus() {
-  cpu_set_t set = allowed_cpus();
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
   return CPU_COUNT(&set);
-}
-
-// Experiment (CMT_PIN_LANES=1): worker k runs only on the k-th CPU this process may use (modulo
-// their number). The same copy varies by up to 8% from one process to the next on the H200 host
-// (ab-ramp/), as if it mattered which CPUs the scheduler gave the lanes; pinned, every process
-// gets the same placement. The calling thread, lane 0, is the program's own and stays unpinned.
-void pin_worker(int index) {
-  static const bool pin = env::number("CMT_PIN_LANES", 0) != 0;
-  if (!pin) return;
-  cpu_set_t allowed = allowed_cpus();
-  int k = index % CPU_COUNT(&allowed);
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &allowed) && k-- == 0) {
-      cpu_set_t one;
-      CPU_ZERO(&one);
-      CPU_SET(cpu, &one);
-      pthread_setaffinity_np(pthread_self(), sizeof one, &one);
-      return;
-    }
-  }
 }
 
 // ---- engine state -----------------------------------------------------------------------------
@@ -164,6 +136,11 @@ struct Slot {
   std::atomic<int> pending{0};         // pieces of the current round still to fill / drain
 };
 
+// How a block's staging lines are written (host-to-device) or read (device-to-host) by the lanes:
+// with the CPU's cached stores, its streaming stores, or cached stores then demoted out of the
+// core's private caches (CMT_RAMP_DEMOTE). The values are the timeline's "block_fill" codes.
+enum class Fill : int { Cached = 0, Streamed = 1, Demoted = 2 };
+
 struct Job {
   Direction dir = Direction::HtoD;
   CUcontext ctx = nullptr;
@@ -184,6 +161,8 @@ struct Job {
   bool stream_stores = false;         // Settings::stream_stores
   size_t stream_below = 0;            // host-to-device: blocks before this one and from
   size_t stream_from = SIZE_MAX;      // this one on are filled with streaming stores
+  size_t demote_below = 0;            // host-to-device, CMT_RAMP_DEMOTE: cached blocks before this one and
+  size_t demote_from = SIZE_MAX;      // from this one on are demoted once filled
   size_t ramp_up_blocks = 0;          // the first blocks, smaller than a chunk (Job::cut)
   size_t tail_below = 0;              // blocks before this one are staged at the end of their window
   size_t window = 0;                  // the part of every slot this copy uses: [window, window + window_bytes)
@@ -200,6 +179,10 @@ struct Job {
   // Whether block b's CPU copy uses streaming stores (host-to-device: the ramps may differ).
   bool streams(size_t b) const {
     return stream_stores || (dir == Direction::HtoD && (b < stream_below || b >= stream_from));
+  }
+  Fill fill(size_t b) const {
+    if (streams(b)) return Fill::Streamed;
+    return dir == Direction::HtoD && (b < demote_below || b >= demote_from) ? Fill::Demoted : Fill::Cached;
   }
   int pieces_in(size_t b) const { return static_cast<int>(piece_off[b + 1] - piece_off[b]); }
   size_t block_of(size_t p) const {
@@ -247,6 +230,15 @@ void Job::cut(size_t chunk, bool ramp, int lanes) {
   while (rem > (ramp ? 2 * chunk : 0)) take(chunk);           // full blocks
   const size_t full_end = block_off.size() - 1;
   if (ramp && stream_down) stream_from = full_end - std::min(full_streamed, full_end - ramp_up_end);
+  // Experiment (CMT_RAMP_DEMOTE=1): the cached blocks whose DMAs follow their fill closely, the ramp
+  // up and the last cached full block (then any cached ramp down), are demoted out of the lanes'
+  // private caches once filled. Those DMAs run at 15-26 GB/s, reading lines still in the L2 of the
+  // cores that wrote them; with every staging line demoted (an experiment of 2026-12-03, removed:
+  // the CPU paid too much) the ramp-up DMAs ran at 29-49 GB/s (timeline-demote.json). A demoted
+  // ramp only costs the CPU a small part of what demoting every block did.
+  static const bool demote = env::number("CMT_RAMP_DEMOTE", 0) != 0;
+  demote_below = ramp && demote ? ramp_up_end : 0;
+  demote_from = ramp && demote && full_end > ramp_up_end ? std::min(stream_from, full_end) - 1 : SIZE_MAX;
   while (rem > first) take(std::min(chunk, (rem / 2 + kMinPiece - 1) & ~(kMinPiece - 1)));  // ramp down
   if (rem) take(rem);
   blocks = block_off.size() - 1;
@@ -395,7 +387,6 @@ void Engine::worker_main(int index, uint64_t seen) {
   char name[16];
   snprintf(name, sizeof name, "cmt-copy-%d", index);
   pthread_setname_np(pthread_self(), name);
-  pin_worker(index);
   bool spin = false;  // only a worker the last copy used spins for the next: idle ones leave the CPUs to the lanes
   for (;;) {
     uint64_t t = ticket_.load(std::memory_order_acquire);
@@ -502,8 +493,10 @@ bool Engine::process_htod(size_t p) {
   // The slot is free once the DMA of its previous round (or of an earlier copy) has read it.
   if (!wait_issued(s, round - 1) || !wait_done(s, round - 1)) return false;
   size_t off = i * job_.piece_len[b], len = std::min(job_.piece_len[b], job_.block_len(b) - off);
-  copy_stream(static_cast<char*>(s.mem) + job_.slot_offset(b) + off, job_.host + job_.block_off[b] + off, len,
-              job_.streams(b));
+  char* staging = static_cast<char*>(s.mem) + job_.slot_offset(b) + off;
+  Fill fill = job_.fill(b);
+  copy_stream(staging, job_.host + job_.block_off[b] + off, len, fill == Fill::Streamed);
+  if (fill == Fill::Demoted) demote_lines(staging, len);
   if (s.pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // this lane completed the block
     CUresult r = queue_dma(b);
     if (r != CUDA_SUCCESS) {
@@ -671,9 +664,9 @@ CUresult Engine::copy(const CopyRequest& req) {
   j.prefault = prefault;
   int lanes = static_cast<int>(std::min<size_t>(threads, j.pieces));
   if (timeline::enabled()) {
-    std::vector<bool> streamed(j.blocks);
-    for (size_t b = 0; b < j.blocks; ++b) streamed[b] = j.streams(b);
-    timeline::begin(static_cast<int>(req.dir), req.bytes, j.block_off, streamed, lanes);
+    std::vector<int> fill(j.blocks);
+    for (size_t b = 0; b < j.blocks; ++b) fill[b] = static_cast<int>(j.fill(b));
+    timeline::begin(static_cast<int>(req.dir), req.bytes, j.block_off, fill, lanes);
   }
   if (j.prefault) {
     log::debug_once(4000, "d2h into memory not faulted in yet: the lanes fault it in ahead of the copy");

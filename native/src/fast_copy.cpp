@@ -71,4 +71,23 @@ void copy_stream(void* dst, const void* src, size_t n, bool streaming) {
   memcpy(dst, src, n);
 }
 
+#if defined(__x86_64__)
+// CLDEMOTE is encoded in the hint-NOP space (0F 1C /0): CPUs without it execute it as a NOP.
+__attribute__((target("cldemote"))) static void demote_x86(char* p, size_t n) {
+  char* end = p + n;
+  for (char* q = reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(63)); q < end; q += 64) {
+    _cldemote(q);
+  }
+}
+#endif
+
+void demote_lines(void* p, size_t n) {
+#if defined(__x86_64__)
+  demote_x86(static_cast<char*>(p), n);
+#else
+  (void)p;
+  (void)n;
+#endif
+}
+
 }  // namespace cmt

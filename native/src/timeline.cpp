@@ -24,7 +24,7 @@ std::atomic<int> g_count{0};
 int g_direction = 0, g_lanes = 0;
 size_t g_bytes = 0;
 std::vector<size_t> g_block_off;
-std::vector<bool> g_streamed;
+std::vector<int> g_fill;
 thread_local int tl_lane = 0;
 
 int64_t now_ns() {
@@ -40,13 +40,13 @@ bool enabled() {
   return on;
 }
 
-void begin(int direction, size_t bytes, const std::vector<size_t>& block_off, const std::vector<bool>& streamed,
+void begin(int direction, size_t bytes, const std::vector<size_t>& block_off, const std::vector<int>& fill,
            int lanes) {
   g_count.store(0, std::memory_order_relaxed);
   g_direction = direction;
   g_bytes = bytes;
   g_block_off = block_off;
-  g_streamed = streamed;
+  g_fill = fill;
   g_lanes = lanes;
   note(Step::CopyStart);
 }
@@ -63,8 +63,8 @@ std::string last_json(const std::string& dma_gpu) {
   std::string s = "{\"direction\":" + std::to_string(g_direction) + ",\"bytes\":" + std::to_string(g_bytes) +
                   ",\"blocks\":" + std::to_string(blocks) + ",\"block_bytes\":[";
   for (size_t b = 0; b < blocks; ++b) s += (b ? "," : "") + std::to_string(g_block_off[b + 1] - g_block_off[b]);
-  s += "],\"block_stream\":[";
-  for (size_t b = 0; b < g_streamed.size(); ++b) s += (b ? "," : "") + std::to_string(int(g_streamed[b]));
+  s += "],\"block_fill\":[";
+  for (size_t b = 0; b < g_fill.size(); ++b) s += (b ? "," : "") + std::to_string(g_fill[b]);
   s += "],\"lanes\":" + std::to_string(g_lanes) + ",\"steps\":[";
   int n = std::min(g_count.load(std::memory_order_relaxed), kCapacity);
   for (int i = 0; i < n; ++i) {
