@@ -130,13 +130,7 @@ struct Load {
 };
 
 int main() {
-  CK(cuInit(0));
-  CUdevice dev;
-  CK(cuDeviceGet(&dev, 0));
-  CUcontext ctx;
-  CK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CK(cuCtxSetCurrent(ctx));
-  CK(cuStreamCreate(&g_stream, CU_STREAM_NON_BLOCKING));
+  open_gpu(&g_stream);
   size_t big = 256 * MIB;
   CK(cuMemAlloc(&g_dev, big));
 

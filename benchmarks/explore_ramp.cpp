@@ -75,14 +75,8 @@ static void touch(const std::string& how) {
 }
 
 int main() {
-  CK(cuInit(0));
-  CUdevice dev;
-  CUcontext ctx;
-  CK(cuDeviceGet(&dev, 0));
-  CK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CK(cuCtxSetCurrent(ctx));
   CUstream stream;
-  CK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  open_gpu(&stream);
   size_t total = 0;
   for (size_t n : kBlocks) total += n;
   CUdeviceptr d;

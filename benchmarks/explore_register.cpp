@@ -49,13 +49,7 @@ static void dma(char* host, size_t n, bool h2d) {
 }
 
 int main() {
-  CK(cuInit(0));
-  CUdevice dev;
-  CK(cuDeviceGet(&dev, 0));
-  CUcontext ctx;
-  CK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CK(cuCtxSetCurrent(ctx));
-  CK(cuStreamCreate(&g_stream, CU_STREAM_NON_BLOCKING));
+  CUcontext ctx = open_gpu(&g_stream);
   const size_t big = 256 * MIB;
   CK(cuMemAlloc(&g_dev, big));
   void* pinned;
