@@ -1,8 +1,9 @@
 """What a synchronisation costs right after a copy, on a GPU machine: the engine's copy (through
 the C API, as `cmt bench copy` makes it), the driver's pinned and pageable copies. Each copy is
 followed by a stream synchronisation, then two device-wide ones (torch.cuda.synchronize), each
-timed on the host clock: the first device-wide one after an engine copy was seen to take 30-50 µs
-with the GPU idle (explore_timeline.py, 2026-12-03), against about 10 after a pinned copy.
+timed on the host clock. On the H200 machine (2026-12-03, results/h200-2026-12-03/sync.jsonl) the
+first device-wide synchronisation after any copy, pinned ones included, took 18-45 µs with the GPU
+idle and the second 5-10: a cost of synchronising, not of cmt.
 
     python benchmarks/explore_sync.py [--size-mib 64]
 """
