@@ -159,10 +159,7 @@ struct Job {
   std::atomic<size_t> fault_next{0};  // destination bytes below this are faulted in or being so
   bool prefault = false;              // device-to-host into memory not faulted in yet
   bool stream_stores = false;         // Settings::stream_stores
-  size_t stream_below = 0;            // host-to-device: blocks before this one and from
-  size_t stream_from = SIZE_MAX;      // this one on are filled with streaming stores
-  size_t demote_below = 0;            // host-to-device, CMT_RAMP_DEMOTE: cached blocks before this one and
-  size_t demote_from = SIZE_MAX;      // from this one on are demoted once filled
+  std::vector<Fill> fills;            // per block, how the lanes write or read its staging lines (Job::cut)
   size_t ramp_up_blocks = 0;          // the first blocks, smaller than a chunk (Job::cut)
   size_t tail_below = 0;              // blocks before this one are staged at the end of their window
   size_t window = 0;                  // the part of every slot this copy uses: [window, window + window_bytes)
@@ -176,19 +173,12 @@ struct Job {
   size_t slot_offset(size_t b) const {
     return window + (b < tail_below ? (window_bytes - block_len(b)) & ~size_t(4095) : 0);
   }
-  // Whether block b's CPU copy uses streaming stores (host-to-device: the ramps may differ).
-  bool streams(size_t b) const {
-    return stream_stores || (dir == Direction::HtoD && (b < stream_below || b >= stream_from));
-  }
-  Fill fill(size_t b) const {
-    if (streams(b)) return Fill::Streamed;
-    return dir == Direction::HtoD && (b < demote_below || b >= demote_from) ? Fill::Demoted : Fill::Cached;
-  }
   int pieces_in(size_t b) const { return static_cast<int>(piece_off[b + 1] - piece_off[b]); }
   size_t block_of(size_t p) const {
     return static_cast<size_t>(std::upper_bound(piece_off.begin(), piece_off.end(), p) - piece_off.begin()) - 1;
   }
   void cut(size_t chunk, bool ramp, int lanes);
+  void choose_fills(bool ramp, size_t up_end, size_t down_from);
   void place(size_t slot_bytes, size_t chunk, bool& flipped);
 };
 
@@ -208,6 +198,31 @@ void Job::cut(size_t chunk, bool ramp, int lanes) {
     block_off.push_back(block_off.back() + n);
     rem -= n;
   };
+  for (size_t s = first; s < chunk && rem; s *= 2) take(s);  // ramp up
+  const size_t ramp_up_end = block_off.size() - 1;
+  ramp_up_blocks = ramp ? ramp_up_end : 0;
+  while (rem > (ramp ? 2 * chunk : 0)) take(chunk);           // full blocks
+  const size_t full_end = block_off.size() - 1;
+  while (rem > first) take(std::min(chunk, (rem / 2 + kMinPiece - 1) & ~(kMinPiece - 1)));  // ramp down
+  if (rem) take(rem);
+  blocks = block_off.size() - 1;
+  choose_fills(ramp, ramp_up_end, full_end);
+  piece_off.assign(1, 0);
+  piece_len.clear();
+  for (size_t b = 0; b < blocks; ++b) {
+    size_t len = block_len(b);
+    size_t piece = fixed_piece ? fixed_piece : std::max(kMinPiece, (len / lanes + 4095) & ~size_t(4095));
+    piece_len.push_back(std::min(piece, len));
+    piece_off.push_back(piece_off.back() + (len + piece_len.back() - 1) / piece_len.back());
+  }
+  pieces = piece_off.back();
+}
+
+// How the lanes write or read each block's staging lines: the rule's stores, except for the ramps
+// of host-to-device copies ([0, up_end) and [down_from, blocks) with `ramp`).
+void Job::choose_fills(bool ramp, size_t up_end, size_t down_from) {
+  fills.assign(blocks, stream_stores ? Fill::Streamed : Fill::Cached);
+  if (!ramp || stream_stores || dir != Direction::HtoD) return;
   // Host-to-device ramp-down blocks are filled with streaming stores whatever the rule says
   // (CMT_RAMP_STREAM: 1 the ramp down (default), 0 none, 2 both ramps, 3 the ramp up). A DMA reading
   // lines the CPU holds dirty runs at half the link or less on the H200 host (explore_ramp.cpp), and
@@ -221,15 +236,10 @@ void Job::cut(size_t chunk, bool ramp, int lanes) {
   static const bool stream_up = ramp_stream == 2 || ramp_stream == 3;
   static const bool stream_down = ramp_stream == 1 || ramp_stream == 2;
   static const size_t full_streamed = static_cast<size_t>(std::max(0L, env::number("CMT_RAMP_STREAM_FULL", 0)));
-  stream_below = 0;
-  stream_from = SIZE_MAX;
-  for (size_t s = first; s < chunk && rem; s *= 2) take(s);  // ramp up
-  const size_t ramp_up_end = block_off.size() - 1;
-  ramp_up_blocks = ramp ? ramp_up_end : 0;
-  if (ramp && stream_up) stream_below = ramp_up_end;
-  while (rem > (ramp ? 2 * chunk : 0)) take(chunk);           // full blocks
-  const size_t full_end = block_off.size() - 1;
-  if (ramp && stream_down) stream_from = full_end - std::min(full_streamed, full_end - ramp_up_end);
+  const size_t streamed_from = stream_down ? down_from - std::min(full_streamed, down_from - up_end) : blocks;
+  for (size_t b = 0; b < blocks; ++b) {
+    if ((stream_up && b < up_end) || b >= streamed_from) fills[b] = Fill::Streamed;
+  }
   // Experiment (CMT_RAMP_DEMOTE=1): the cached blocks whose DMAs follow their fill closely, the ramp
   // up and the last cached full block (then any cached ramp down), are demoted out of the lanes'
   // private caches once filled. Those DMAs run at 15-26 GB/s, reading lines still in the L2 of the
@@ -237,20 +247,11 @@ void Job::cut(size_t chunk, bool ramp, int lanes) {
   // the CPU paid too much) the ramp-up DMAs ran at 29-49 GB/s (timeline-demote.json). A demoted
   // ramp only costs the CPU a small part of what demoting every block did.
   static const bool demote = env::number("CMT_RAMP_DEMOTE", 0) != 0;
-  demote_below = ramp && demote ? ramp_up_end : 0;
-  demote_from = ramp && demote && full_end > ramp_up_end ? std::min(stream_from, full_end) - 1 : SIZE_MAX;
-  while (rem > first) take(std::min(chunk, (rem / 2 + kMinPiece - 1) & ~(kMinPiece - 1)));  // ramp down
-  if (rem) take(rem);
-  blocks = block_off.size() - 1;
-  piece_off.assign(1, 0);
-  piece_len.clear();
+  if (!demote) return;
+  const size_t demote_from = down_from > up_end ? std::min(streamed_from, down_from) - 1 : blocks;
   for (size_t b = 0; b < blocks; ++b) {
-    size_t len = block_len(b);
-    size_t piece = fixed_piece ? fixed_piece : std::max(kMinPiece, (len / lanes + 4095) & ~size_t(4095));
-    piece_len.push_back(std::min(piece, len));
-    piece_off.push_back(piece_off.back() + (len + piece_len.back() - 1) / piece_len.back());
+    if (fills[b] == Fill::Cached && (b < up_end || b >= demote_from)) fills[b] = Fill::Demoted;
   }
-  pieces = piece_off.back();
 }
 
 // Where the blocks lie in the slots (slot_bytes each, blocks of up to `chunk`); `flipped` is the
@@ -299,6 +300,7 @@ class Engine {
   void fault_ahead(size_t upto);
   CUresult queue_dma(size_t b);
   void trace_gpu_begin(ContextResources* res, size_t blocks);
+  char* staging(size_t b) { return static_cast<char*>(slots_[job_.slot_index(b)].mem) + job_.slot_offset(b); }
   bool wait_issued(Slot& s, long round);
   bool wait_done(Slot& s, long round);
   void fail(CUresult r);
@@ -475,9 +477,9 @@ CUresult Engine::queue_dma(size_t b) {
     traced = std::unique_lock<std::mutex>(trace_order_);
     d_.cuEventRecord(trace_res_->timing[1 + 2 * b], stream);
   }
-  char* staging = static_cast<char*>(s.mem) + job_.slot_offset(b);
-  CUresult r = job_.dir == Direction::HtoD ? d_.cuMemcpyHtoDAsync(dev, staging, job_.block_len(b), stream)
-                                           : d_.cuMemcpyDtoHAsync(staging, dev, job_.block_len(b), stream);
+  char* buf = staging(b);
+  CUresult r = job_.dir == Direction::HtoD ? d_.cuMemcpyHtoDAsync(dev, buf, job_.block_len(b), stream)
+                                           : d_.cuMemcpyDtoHAsync(buf, dev, job_.block_len(b), stream);
   if (trace_res_ && r == CUDA_SUCCESS) d_.cuEventRecord(trace_res_->timing[2 + 2 * b], stream);
   if (r == CUDA_SUCCESS) r = d_.cuEventRecord(job_.res->slot_event[si], stream);
   if (r != CUDA_SUCCESS) return r;
@@ -493,10 +495,10 @@ bool Engine::process_htod(size_t p) {
   // The slot is free once the DMA of its previous round (or of an earlier copy) has read it.
   if (!wait_issued(s, round - 1) || !wait_done(s, round - 1)) return false;
   size_t off = i * job_.piece_len[b], len = std::min(job_.piece_len[b], job_.block_len(b) - off);
-  char* staging = static_cast<char*>(s.mem) + job_.slot_offset(b) + off;
-  Fill fill = job_.fill(b);
-  copy_stream(staging, job_.host + job_.block_off[b] + off, len, fill == Fill::Streamed);
-  if (fill == Fill::Demoted) demote_lines(staging, len);
+  char* buf = staging(b) + off;
+  Fill fill = job_.fills[b];
+  copy_stream(buf, job_.host + job_.block_off[b] + off, len, fill == Fill::Streamed);
+  if (fill == Fill::Demoted) demote_lines(buf, len);
   if (s.pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // this lane completed the block
     CUresult r = queue_dma(b);
     if (r != CUDA_SUCCESS) {
@@ -531,7 +533,7 @@ bool Engine::process_dtoh(size_t p) {
   char* dst = job_.host + job_.block_off[b] + off;
   if (job_.prefault) fault_ahead(job_.block_off[b] + off + len + kFaultLookahead);
   if (!wait_issued(s, round) || !wait_done(s, round)) return false;
-  copy_stream(dst, static_cast<char*>(s.mem) + job_.slot_offset(b) + off, len, job_.streams(b));
+  copy_stream(dst, staging(b) + off, len, job_.fills[b] == Fill::Streamed);
   if (s.pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // slot drained: refill it
     size_t next = b + job_.slots;
     if (next < job_.blocks) {
@@ -623,6 +625,7 @@ CUresult Engine::copy(const CopyRequest& req) {
   j.bytes = req.bytes;
   j.dir = req.dir;
   j.fixed_piece = piece_override;
+  j.stream_stores = st.stream_stores;
   trace_res_ = nullptr;  // the last copy's DMA times describe its blocks, about to be replaced
   j.cut(block, ramp, threads);
   int slots = static_cast<int>(std::min<size_t>(std::clamp(st.buffers, 1, kMaxSlots), j.blocks));
@@ -644,7 +647,6 @@ CUresult Engine::copy(const CopyRequest& req) {
   }
   if (timeline::enabled()) trace_gpu_begin(res, j.blocks);
 
-  j.stream_stores = st.stream_stores;
   j.place(slot_bytes_, block, window_flipped_);
   j.ctx = req.ctx;
   j.res = res;
@@ -664,8 +666,8 @@ CUresult Engine::copy(const CopyRequest& req) {
   j.prefault = prefault;
   int lanes = static_cast<int>(std::min<size_t>(threads, j.pieces));
   if (timeline::enabled()) {
-    std::vector<int> fill(j.blocks);
-    for (size_t b = 0; b < j.blocks; ++b) fill[b] = static_cast<int>(j.fill(b));
+    std::vector<int> fill;  // Fill's values are the timeline's codes
+    for (Fill f : j.fills) fill.push_back(static_cast<int>(f));
     timeline::begin(static_cast<int>(req.dir), req.bytes, j.block_off, fill, lanes);
   }
   if (j.prefault) {
