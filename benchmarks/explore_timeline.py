@@ -24,7 +24,8 @@ MIB = 1 << 20
 GRID = {
     ("h2d", 16 * MIB): [(6, 4, 4 * MIB, True), (10, 4, 2 * MIB, True), (16, 4, 1 * MIB, True), (10, 4, 2 * MIB, False)],
     ("h2d", 64 * MIB): [(6, 4, 4 * MIB, False), (10, 4, 8 * MIB, False), (10, 12, 4 * MIB, False),
-                        (6, 4, 4 * MIB, True), (10, 4, 4 * MIB, True), (10, 4, 8 * MIB, True)],
+                        (6, 4, 4 * MIB, True), (10, 4, 4 * MIB, True), (10, 4, 8 * MIB, True),
+                        (13, 4, 8 * MIB, False), (16, 4, 8 * MIB, False)],
     ("d2h", 16 * MIB): [(6, 16, 1 * MIB, False), (10, 4, 2 * MIB, False)],
     ("d2h", 64 * MIB): [(6, 4, 4 * MIB, False), (10, 4, 8 * MIB, False), (14, 8, 4 * MIB, False),
                         (12, 16, 2 * MIB, False)],
@@ -36,7 +37,11 @@ VARIANTS = {"default": {}, "spin": {"CMT_SPIN_US": "20000"}, "nospin": {"CMT_SPI
             "stream-down-full2": {"CMT_RAMP_STREAM": "1", "CMT_RAMP_STREAM_FULL": "2"},
             "stream-up": {"CMT_RAMP_STREAM": "3"}, "ramp-head": {"CMT_RAMP_TAIL": "0"},
             "window-start": {"CMT_WINDOW_FLIP": "0"},
-            "ramp-demote": {"CMT_RAMP_DEMOTE": "1"}}
+            "staging-huge": {"CMT_STAGING": "huge"}, "ramp-demote": {"CMT_RAMP_DEMOTE": "1"},
+            "tail-demote": {"CMT_DEMOTE_TAIL": "1"},
+            "tail-demote-cached": {"CMT_DEMOTE_TAIL": "1", "CMT_RAMP_STREAM": "0"},
+            "both-demote": {"CMT_DEMOTE_TAIL": "1", "CMT_RAMP_DEMOTE": "1"},
+            "both-demote-cached": {"CMT_DEMOTE_TAIL": "1", "CMT_RAMP_DEMOTE": "1", "CMT_RAMP_STREAM": "0"}}
 
 
 def us(ns: float) -> float:
@@ -159,7 +164,7 @@ def main() -> None:
                 continue
             for res in json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:]):
                 out.append({"variant": name, "direction": direction, "size": size, "rotate": args.rotate, **res})
-                print(f"{name[:12]:12} {direction} {size // MIB:3}M t{res['threads']:>2} b{res['buffers']:>2} "
+                print(f"{variant[:18]:18} {direction} {size // MIB:3}M t{res['threads']:>2} b{res['buffers']:>2} "
                       f"c{res['chunk'] // MIB}M{' nt' if res['stream_stores'] else '   '} {res['gbps']:5.1f} GB/s "
                       f"({res['ratio']:.0%} of pinned {res['pinned_gbps']}) | start {res['lane_start_median']}"
                       f"/{res['lane_start_max']} q {res['first_dma_queued']}-{res['last_dma_queued']} "

@@ -3,7 +3,7 @@
 # $OUT/results.tar.gz (the device tool brings back at most 8 files) and print short summaries.
 #   bash benchmarks/gpu_session.sh gputests core benchcopy
 # Steps: gputests torchtests core coretuned benchcopy workloads profiles tune (= tuneinstant tunefull tunedcopy)
-#        overhead variants sweep timeline timelinecold pinned ramp register abcopy. The archive is rewritten after every step: a call cut short by its
+#        overhead variants sweep timeline timelinecold pinned ramp fill register abcopy. The archive is rewritten after every step: a call cut short by its
 #        time limit still brings back the steps it finished.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -57,6 +57,9 @@ for step in "${steps[@]}"; do
     ramp)  # the DMA rate of a ramp of blocks by what the CPU did to the staging slots just before
       nvcc -O2 -Xcompiler -mavx2,-mclflushopt -o /tmp/explore_ramp benchmarks/explore_ramp.cpp -lcuda -lpthread &&
         timeout 120 /tmp/explore_ramp | tee "$R/ramp.jsonl" ;;
+    fill)  # the CPU's fill rate of the staging ring alone, by lanes, staging pages, source and copy loop
+      nvcc -O2 -Xcompiler -mavx2 -o /tmp/explore_fill benchmarks/explore_fill.cpp -lcuda -lpthread &&
+        timeout 200 /tmp/explore_fill | tee "$R/fill.jsonl" | python3 benchmarks/fill_table.py ;;
     register)  # page-locking the program's own buffer for one copy: register, DMA, unregister
       nvcc -O2 -o /tmp/explore_register benchmarks/explore_register.cpp -lcuda -lpthread &&
         timeout 150 /tmp/explore_register | tee "$R/register.jsonl" ;;

@@ -293,19 +293,27 @@ def test_host_to_device_ramp_blocks_use_streaming_stores(run_python, ramp_stream
     assert d2h["block_fill"] == [0] * 13
 
 
-@pytest.mark.parametrize("ramp_stream", ["", "0", "2"])
-def test_host_to_device_ramp_demote_marks_the_cached_blocks_dmad_right_after_their_fill(run_python, ramp_stream):
-    """CMT_RAMP_DEMOTE=1: the ramp up's cached blocks and the last cached full block (with a cached
-    ramp down, that too) are demoted once filled (timeline code 2); streamed blocks stay streamed,
-    device-to-host copies are untouched."""
-    env = {"CMT_RAMP_DEMOTE": "1", **({"CMT_RAMP_STREAM": ramp_stream} if ramp_stream else {})}
-    h2d, d2h = traced_copies(run_python, ("h2d", "d2h"), threads=3, env=env)
-    # 8 MiB in 1 MiB blocks: ramp up (3 blocks), six full blocks, ramp down (4 blocks)
-    expected = {"": [2] * 3 + [0] * 5 + [2] + [1] * 4,   # default: ramp down streamed
-                "0": [2] * 3 + [0] * 5 + [2] + [2] * 4,  # nothing streamed: ramp down demoted too
-                "2": [1] * 3 + [0] * 5 + [2] + [1] * 4}  # both ramps streamed
-    assert h2d["block_fill"] == expected[ramp_stream]
-    assert d2h["block_fill"] == [0] * 13
+@pytest.mark.parametrize("staging", ["", "huge"])
+def test_staging_slots_come_from_the_driver_or_registered_huge_pages(run_python, staging):
+    """The staging ring is cuMemHostAlloc's memory; with CMT_STAGING=huge (an experiment) it is the
+    engine's own memory, registered with cuMemHostRegister. Copies through either are byte-exact."""
+    code = """
+import ctypes, json
+from cmt import cuda
+from cmt.bench import copy_sweep
+drv = cuda.load()
+fake = ctypes.CDLL("libcuda.so.1")
+fake.fakecuda_call_count.restype = ctypes.c_longlong
+with copy_sweep.CopyBench(drv, drv.open_device(0), 8 << 20) as b:
+    before = [fake.fakecuda_call_count(n) for n in (b"cuMemHostAlloc", b"cuMemHostRegister_v2")]
+    for direction in ("h2d", "d2h"):
+        b.verify("cmt", direction, 8 << 20, copy_sweep.EngineSettings(3, 4, 1 << 20))
+    after = [fake.fakecuda_call_count(n) for n in (b"cuMemHostAlloc", b"cuMemHostRegister_v2")]
+print(json.dumps([a - c for a, c in zip(after, before)]))
+"""
+    proc = run_python(code, env={"CMT_STAGING": staging} if staging else {})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == ([0, 4] if staging else [4, 0])
 
 
 def test_cmt_mode_below_the_plans_minimum_makes_the_programs_own_call(run_python):

@@ -115,6 +115,17 @@ long usable_cpus() {
   return CPU_COUNT(&set);
 }
 
+// Experiment (CMT_DEMOTE_TAIL=1): host-to-device lanes, once out of pieces, demote the staging
+// lines they wrote with cached stores into the copy's last `slots` blocks. The lanes run ahead of
+// the copy engine; the blocks they fill last stay in their L2 until the DMA reads them, and on the
+// H200 host the last full block's DMA ran at 35-41 GB/s against 50-54 for the others
+// (timeline-fill.json). Earlier blocks were pushed out of L2 by the lanes' later writes.
+bool demote_tail() {
+  static const bool on = env::number("CMT_DEMOTE_TAIL", 0) != 0;
+  return on;
+}
+thread_local std::vector<std::pair<char*, size_t>> t_lane_tail;  // this lane's cached pieces of those blocks
+
 // ---- engine state -----------------------------------------------------------------------------
 
 constexpr int kMaxSlots = kMaxBuffers;
@@ -129,6 +140,7 @@ struct ContextResources {
 
 struct Slot {
   void* mem = nullptr;
+  bool registered = false;             // mem is the engine's own memory, page-locked (CMT_STAGING=huge)
   CUevent last_event = nullptr;        // the slot's most recent DMA (any context)
   std::atomic<long> issued{-1};        // last round of this copy whose DMA was queued
   std::atomic<long> known_done{-1};    // last round whose DMA is known finished
@@ -240,17 +252,12 @@ void Job::choose_fills(bool ramp, size_t up_end, size_t down_from) {
   for (size_t b = 0; b < blocks; ++b) {
     if ((stream_up && b < up_end) || b >= streamed_from) fills[b] = Fill::Streamed;
   }
-  // Experiment (CMT_RAMP_DEMOTE=1): the cached blocks whose DMAs follow their fill closely, the ramp
-  // up and the last cached full block (then any cached ramp down), are demoted out of the lanes'
-  // private caches once filled. Those DMAs run at 15-26 GB/s, reading lines still in the L2 of the
-  // cores that wrote them; with every staging line demoted (an experiment of 2026-12-03, removed:
-  // the CPU paid too much) the ramp-up DMAs ran at 29-49 GB/s (timeline-demote.json). A demoted
-  // ramp only costs the CPU a small part of what demoting every block did.
-  static const bool demote = env::number("CMT_RAMP_DEMOTE", 0) != 0;
-  if (!demote) return;
-  const size_t demote_from = down_from > up_end ? std::min(streamed_from, down_from) - 1 : blocks;
-  for (size_t b = 0; b < blocks; ++b) {
-    if (fills[b] == Fill::Cached && (b < up_end || b >= demote_from)) fills[b] = Fill::Demoted;
+  // Experiment (CMT_RAMP_DEMOTE=1): cached ramp-up blocks are demoted out of the lanes' private
+  // caches once filled. Their DMAs follow the fill at once and ran at 15-26 GB/s reading lines
+  // still in the L2 of the cores that wrote them; demoted, at 29-49 (timeline-demote.json).
+  static const bool demote_up = env::number("CMT_RAMP_DEMOTE", 0) != 0;
+  for (size_t b = 0; demote_up && b < up_end; ++b) {
+    if (fills[b] == Fill::Cached) fills[b] = Fill::Demoted;
   }
 }
 
@@ -292,6 +299,8 @@ class Engine {
  private:
   ContextResources* resources_for(CUcontext ctx, int slots);
   bool ensure_slots(int slots, size_t bytes);
+  bool alloc_slot(Slot& s);
+  void free_slot(Slot& s);
   void start_worker(int index);
   void worker_main(int index, uint64_t seen);
   void run_lane(int lane);
@@ -360,19 +369,51 @@ bool Engine::ensure_slots(int slots, size_t bytes) {
     for (int s = 0; s < slot_count_; ++s) {
       if (slots_[s].last_event) d_.cuEventSynchronize(slots_[s].last_event);
       slots_[s].last_event = nullptr;
-      d_.cuMemFreeHost(slots_[s].mem);
+      free_slot(slots_[s]);
     }
     slot_count_ = 0;
     slot_bytes_ = bytes;
   }
   while (slot_count_ < slots) {
-    // Portable: one ring serves every context and device.
-    if (d_.cuMemHostAlloc(&slots_[slot_count_].mem, slot_bytes_, CU_MEMHOSTALLOC_PORTABLE) != CUDA_SUCCESS) {
-      return false;
-    }
+    if (!alloc_slot(slots_[slot_count_])) return false;
     ++slot_count_;
   }
   return true;
+}
+
+// A staging slot of slot_bytes_, page-locked and portable (one ring serves every context and
+// device): the driver's cuMemHostAlloc, or with CMT_STAGING=huge (an experiment) the engine's own
+// memory on transparent huge pages, registered. The lanes write every staging byte of every copy;
+// in a virtual machine each TLB miss on a 4 KiB page costs a nested page walk.
+bool Engine::alloc_slot(Slot& s) {
+  static const bool huge = env::is("CMT_STAGING", "huge");
+  s.registered = false;
+  if (huge && d_.cuMemHostRegister && d_.cuMemHostUnregister) {
+    size_t len = (slot_bytes_ + kFaultUnit - 1) & ~(kFaultUnit - 1);
+    void* p = nullptr;
+    if (posix_memalign(&p, kFaultUnit, len) == 0) {
+      madvise(p, len, MADV_HUGEPAGE);
+      memset(p, 0, len);  // faulted in now, on huge pages where the kernel has them
+      if (d_.cuMemHostRegister(p, len, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS) {
+        s.mem = p;
+        s.registered = true;
+        return true;
+      }
+      free(p);
+    }
+    log::debug_once(4001, "staging on huge pages not possible here: the driver's pinned memory instead");
+  }
+  return d_.cuMemHostAlloc(&s.mem, slot_bytes_, CU_MEMHOSTALLOC_PORTABLE) == CUDA_SUCCESS;
+}
+
+void Engine::free_slot(Slot& s) {
+  if (s.registered) {
+    d_.cuMemHostUnregister(s.mem);
+    free(s.mem);
+  } else {
+    d_.cuMemFreeHost(s.mem);
+  }
+  s.mem = nullptr;
 }
 
 void Engine::start_worker(int index) {
@@ -499,6 +540,7 @@ bool Engine::process_htod(size_t p) {
   Fill fill = job_.fills[b];
   copy_stream(buf, job_.host + job_.block_off[b] + off, len, fill == Fill::Streamed);
   if (fill == Fill::Demoted) demote_lines(buf, len);
+  if (fill == Fill::Cached && demote_tail() && b + job_.slots >= job_.blocks) t_lane_tail.push_back({buf, len});
   if (s.pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // this lane completed the block
     CUresult r = queue_dma(b);
     if (r != CUDA_SUCCESS) {
@@ -591,6 +633,8 @@ void Engine::run_lane(int lane) {
     if (p >= job_.pieces) break;
     if (!(job_.dir == Direction::HtoD ? process_htod(p) : process_dtoh(p))) break;
   }
+  for (auto& [p, n] : t_lane_tail) demote_lines(p, n);
+  t_lane_tail.clear();
   if (trace) timeline::note(timeline::Step::LaneEnd);
 }
 

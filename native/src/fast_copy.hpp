@@ -12,7 +12,7 @@ void copy_stream(void* dst, const void* src, size_t n, bool streaming);
 
 // Moves the cache lines of [p, p + n) from this core's private caches to the shared last-level
 // cache (x86 CLDEMOTE, a hint: a NOP on CPUs without it; nothing elsewhere). A DMA then reads lines
-// the CPU has just written without snooping them out of one core's L2 (CMT_RAMP_DEMOTE).
+// the CPU has just written without snooping them out of one core's L2.
 void demote_lines(void* p, size_t n);
 
 }  // namespace cmt

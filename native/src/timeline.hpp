@@ -13,7 +13,7 @@ enum class Step : int { CopyStart, LaneStart, DmaQueued, DmaDone, LaneEnd, CopyE
 bool enabled();
 // Starts the timeline of a new copy (under the engine's one-copy-at-a-time lock); block b covers
 // bytes [block_off[b], block_off[b + 1]), and fill[b] says how the lanes write or read its staging
-// lines (0 cached stores, 1 streaming stores, 2 cached stores then demoted: the engine's Fill).
+// lines (0 cached stores, 1 streaming stores: the engine's Fill).
 void begin(int direction, size_t bytes, const std::vector<size_t>& block_off, const std::vector<int>& fill,
            int lanes);
 // The lane number of the calling thread, for the steps it notes (0: the caller's thread).
