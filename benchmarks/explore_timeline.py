@@ -31,17 +31,13 @@ GRID = {
                         (12, 16, 2 * MIB, False)],
 }
 VARIANTS = {"default": {}, "spin": {"CMT_SPIN_US": "20000"}, "nospin": {"CMT_SPIN_US": "0"},
-            "cached-ramps": {"CMT_RAMP_STREAM": "0"}, "stream-down": {"CMT_RAMP_STREAM": "1"},
+            "stream-down": {"CMT_RAMP_STREAM": "1"},
             "stream-ramps": {"CMT_RAMP_STREAM": "2"},
             "stream-down-full1": {"CMT_RAMP_STREAM": "1", "CMT_RAMP_STREAM_FULL": "1"},
             "stream-down-full2": {"CMT_RAMP_STREAM": "1", "CMT_RAMP_STREAM_FULL": "2"},
             "stream-up": {"CMT_RAMP_STREAM": "3"}, "ramp-head": {"CMT_RAMP_TAIL": "0"},
             "window-start": {"CMT_WINDOW_FLIP": "0"},
-            "staging-huge": {"CMT_STAGING": "huge"}, "ramp-demote": {"CMT_RAMP_DEMOTE": "1"},
-            "tail-demote": {"CMT_DEMOTE_TAIL": "1"},
-            "tail-demote-cached": {"CMT_DEMOTE_TAIL": "1", "CMT_RAMP_STREAM": "0"},
-            "both-demote": {"CMT_DEMOTE_TAIL": "1", "CMT_RAMP_DEMOTE": "1"},
-            "both-demote-cached": {"CMT_DEMOTE_TAIL": "1", "CMT_RAMP_DEMOTE": "1", "CMT_RAMP_STREAM": "0"}}
+            "tail-kept": {"CMT_DEMOTE_TAIL": "0"}, "old-defaults": {"CMT_DEMOTE_TAIL": "0", "CMT_RAMP_STREAM": "1"}}
 
 
 def us(ns: float) -> float:

@@ -72,8 +72,6 @@ bool load_driver(bool load_if_absent) {
   ok &= load(h, d.cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
   d.ok = ok;
   d.cuEventElapsedTime = reinterpret_cast<PFN_cuEventElapsedTime>(real_dlsym(h, "cuEventElapsedTime"));
-  d.cuMemHostRegister = reinterpret_cast<PFN_cuMemHostRegister>(real_dlsym(h, "cuMemHostRegister_v2"));
-  d.cuMemHostUnregister = reinterpret_cast<PFN_cuMemHostUnregister>(real_dlsym(h, "cuMemHostUnregister"));
   g_driver = d;
   return true;
 }

@@ -43,10 +43,8 @@ struct Driver {
   // The engine's DMA calls (explicit non-blocking streams, pinned memory).
   PFN_cuMemcpyHtoDAsync cuMemcpyHtoDAsync = nullptr;
   PFN_cuMemcpyDtoHAsync cuMemcpyDtoHAsync = nullptr;
-  // Optional (not part of `ok`): CMT_TRACE's GPU timestamps, and staging on huge pages (CMT_STAGING).
+  // Optional (not part of `ok`): only CMT_TRACE's GPU timestamps use it.
   PFN_cuEventElapsedTime cuEventElapsedTime = nullptr;
-  PFN_cuMemHostRegister cuMemHostRegister = nullptr;
-  PFN_cuMemHostUnregister cuMemHostUnregister = nullptr;
 };
 
 // Loads the driver table once. With `load_if_absent` false (the interposer), only a libcuda that

@@ -115,13 +115,14 @@ long usable_cpus() {
   return CPU_COUNT(&set);
 }
 
-// Experiment (CMT_DEMOTE_TAIL=1): host-to-device lanes, once out of pieces, demote the staging
-// lines they wrote with cached stores into the copy's last `slots` blocks. The lanes run ahead of
-// the copy engine; the blocks they fill last stay in their L2 until the DMA reads them, and on the
-// H200 host the last full block's DMA ran at 35-41 GB/s against 50-54 for the others
-// (timeline-fill.json). Earlier blocks were pushed out of L2 by the lanes' later writes.
+// Host-to-device lanes, once out of pieces, demote the staging lines they wrote with cached stores
+// into the copy's last `slots` blocks (CMT_DEMOTE_TAIL=0: they leave them). The lanes run ahead of
+// the copy engine, and the blocks they fill last stay in their cores' L2 until a DMA reads them,
+// slowly (explore_ramp.cpp); earlier blocks are pushed out of L2 by the lanes' later writes.
+// Demoting every block, or every piece written before a wait for a slot, cost the CPU far more
+// than it gave (2026-12-03: 51-66% of pinned, timeline-demote.json, ab-demote-idle/).
 bool demote_tail() {
-  static const bool on = env::number("CMT_DEMOTE_TAIL", 0) != 0;
+  static const bool on = env::number("CMT_DEMOTE_TAIL", 1) != 0;
   return on;
 }
 thread_local std::vector<std::pair<char*, size_t>> t_lane_tail;  // this lane's cached pieces of those blocks
@@ -140,7 +141,6 @@ struct ContextResources {
 
 struct Slot {
   void* mem = nullptr;
-  bool registered = false;             // mem is the engine's own memory, page-locked (CMT_STAGING=huge)
   CUevent last_event = nullptr;        // the slot's most recent DMA (any context)
   std::atomic<long> issued{-1};        // last round of this copy whose DMA was queued
   std::atomic<long> known_done{-1};    // last round whose DMA is known finished
@@ -149,9 +149,9 @@ struct Slot {
 };
 
 // How a block's staging lines are written (host-to-device) or read (device-to-host) by the lanes:
-// with the CPU's cached stores, its streaming stores, or cached stores then demoted out of the
-// core's private caches (CMT_RAMP_DEMOTE). The values are the timeline's "block_fill" codes.
-enum class Fill : int { Cached = 0, Streamed = 1, Demoted = 2 };
+// with the CPU's cached stores or its streaming stores. The values are the timeline's "block_fill"
+// codes.
+enum class Fill : int { Cached = 0, Streamed = 1 };
 
 struct Job {
   Direction dir = Direction::HtoD;
@@ -235,29 +235,23 @@ void Job::cut(size_t chunk, bool ramp, int lanes) {
 void Job::choose_fills(bool ramp, size_t up_end, size_t down_from) {
   fills.assign(blocks, stream_stores ? Fill::Streamed : Fill::Cached);
   if (!ramp || stream_stores || dir != Direction::HtoD) return;
-  // Host-to-device ramp-down blocks are filled with streaming stores whatever the rule says
-  // (CMT_RAMP_STREAM: 1 the ramp down (default), 0 none, 2 both ramps, 3 the ramp up). A DMA reading
-  // lines the CPU holds dirty runs at half the link or less on the H200 host (explore_ramp.cpp), and
-  // after the ramp-down blocks the lanes write nothing that would evict them: cached, they ran at
-  // 17-41 GB/s (mostly below 25), streamed at 29-53 (the last full block's DMA slows instead, but
-  // less). Measured side by side, 5 processes each in turn (ab-ramp/, 2026-12-03), cmt / pinned
-  // at 64 MiB: 81% against 75% with none; both ramps 79%, the ramp up alone 76%.
-  // CMT_RAMP_STREAM_FULL=K streams the last K full blocks too (then the block before them slowed
-  // instead: no gain, timeline-ramp-full.json).
-  static const long ramp_stream = env::number("CMT_RAMP_STREAM", 1);
+  // CMT_RAMP_STREAM fills host-to-device ramp blocks with streaming stores whatever the rule says:
+  // 0 none (default), 1 the ramp down, 2 both ramps, 3 the ramp up. A DMA reading lines the CPU
+  // holds dirty runs at half the link or less on the H200 host (explore_ramp.cpp), and streamed
+  // ramp-down blocks ran at 29-53 GB/s against 17-41 cached; but their stores go to DRAM while the
+  // last full block's DMA runs, which then ran at 34-46 GB/s against 54 (timeline-fill.json,
+  // timeline-demote-tail.json). With the lanes' last blocks demoted at the end (demote_tail), cached
+  // ramps won, cmt / pinned at 64 MiB over 3 processes each: 84% (77-85) against 78% (77-81) for
+  // the streamed ramp down (ab-demote-tail/, 2026-12-03; without demote_tail, 75% against 81%,
+  // ab-ramp/). CMT_RAMP_STREAM_FULL=K streams the last K full blocks too (no gain,
+  // timeline-ramp-full.json).
+  static const long ramp_stream = env::number("CMT_RAMP_STREAM", 0);
   static const bool stream_up = ramp_stream == 2 || ramp_stream == 3;
   static const bool stream_down = ramp_stream == 1 || ramp_stream == 2;
   static const size_t full_streamed = static_cast<size_t>(std::max(0L, env::number("CMT_RAMP_STREAM_FULL", 0)));
   const size_t streamed_from = stream_down ? down_from - std::min(full_streamed, down_from - up_end) : blocks;
   for (size_t b = 0; b < blocks; ++b) {
     if ((stream_up && b < up_end) || b >= streamed_from) fills[b] = Fill::Streamed;
-  }
-  // Experiment (CMT_RAMP_DEMOTE=1): cached ramp-up blocks are demoted out of the lanes' private
-  // caches once filled. Their DMAs follow the fill at once and ran at 15-26 GB/s reading lines
-  // still in the L2 of the cores that wrote them; demoted, at 29-49 (timeline-demote.json).
-  static const bool demote_up = env::number("CMT_RAMP_DEMOTE", 0) != 0;
-  for (size_t b = 0; demote_up && b < up_end; ++b) {
-    if (fills[b] == Fill::Cached) fills[b] = Fill::Demoted;
   }
 }
 
@@ -299,8 +293,6 @@ class Engine {
  private:
   ContextResources* resources_for(CUcontext ctx, int slots);
   bool ensure_slots(int slots, size_t bytes);
-  bool alloc_slot(Slot& s);
-  void free_slot(Slot& s);
   void start_worker(int index);
   void worker_main(int index, uint64_t seen);
   void run_lane(int lane);
@@ -369,51 +361,20 @@ bool Engine::ensure_slots(int slots, size_t bytes) {
     for (int s = 0; s < slot_count_; ++s) {
       if (slots_[s].last_event) d_.cuEventSynchronize(slots_[s].last_event);
       slots_[s].last_event = nullptr;
-      free_slot(slots_[s]);
+      d_.cuMemFreeHost(slots_[s].mem);
     }
     slot_count_ = 0;
     slot_bytes_ = bytes;
   }
   while (slot_count_ < slots) {
-    if (!alloc_slot(slots_[slot_count_])) return false;
+    // Portable: one ring serves every context and device. (Slots of the engine's own memory on
+    // transparent huge pages, registered, were tried on 2026-12-03: no change, ab-staging-huge/.)
+    if (d_.cuMemHostAlloc(&slots_[slot_count_].mem, slot_bytes_, CU_MEMHOSTALLOC_PORTABLE) != CUDA_SUCCESS) {
+      return false;
+    }
     ++slot_count_;
   }
   return true;
-}
-
-// A staging slot of slot_bytes_, page-locked and portable (one ring serves every context and
-// device): the driver's cuMemHostAlloc, or with CMT_STAGING=huge (an experiment) the engine's own
-// memory on transparent huge pages, registered. The lanes write every staging byte of every copy;
-// in a virtual machine each TLB miss on a 4 KiB page costs a nested page walk.
-bool Engine::alloc_slot(Slot& s) {
-  static const bool huge = env::is("CMT_STAGING", "huge");
-  s.registered = false;
-  if (huge && d_.cuMemHostRegister && d_.cuMemHostUnregister) {
-    size_t len = (slot_bytes_ + kFaultUnit - 1) & ~(kFaultUnit - 1);
-    void* p = nullptr;
-    if (posix_memalign(&p, kFaultUnit, len) == 0) {
-      madvise(p, len, MADV_HUGEPAGE);
-      memset(p, 0, len);  // faulted in now, on huge pages where the kernel has them
-      if (d_.cuMemHostRegister(p, len, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS) {
-        s.mem = p;
-        s.registered = true;
-        return true;
-      }
-      free(p);
-    }
-    log::debug_once(4001, "staging on huge pages not possible here: the driver's pinned memory instead");
-  }
-  return d_.cuMemHostAlloc(&s.mem, slot_bytes_, CU_MEMHOSTALLOC_PORTABLE) == CUDA_SUCCESS;
-}
-
-void Engine::free_slot(Slot& s) {
-  if (s.registered) {
-    d_.cuMemHostUnregister(s.mem);
-    free(s.mem);
-  } else {
-    d_.cuMemFreeHost(s.mem);
-  }
-  s.mem = nullptr;
 }
 
 void Engine::start_worker(int index) {
@@ -537,10 +498,9 @@ bool Engine::process_htod(size_t p) {
   if (!wait_issued(s, round - 1) || !wait_done(s, round - 1)) return false;
   size_t off = i * job_.piece_len[b], len = std::min(job_.piece_len[b], job_.block_len(b) - off);
   char* buf = staging(b) + off;
-  Fill fill = job_.fills[b];
-  copy_stream(buf, job_.host + job_.block_off[b] + off, len, fill == Fill::Streamed);
-  if (fill == Fill::Demoted) demote_lines(buf, len);
-  if (fill == Fill::Cached && demote_tail() && b + job_.slots >= job_.blocks) t_lane_tail.push_back({buf, len});
+  bool cached = job_.fills[b] == Fill::Cached;
+  copy_stream(buf, job_.host + job_.block_off[b] + off, len, !cached);
+  if (cached && b + job_.slots >= job_.blocks && demote_tail()) t_lane_tail.push_back({buf, len});
   if (s.pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {  // this lane completed the block
     CUresult r = queue_dma(b);
     if (r != CUDA_SUCCESS) {
