@@ -293,6 +293,15 @@ def test_host_to_device_ramp_blocks_use_streaming_stores(run_python, ramp_stream
     assert d2h["block_fill"] == [0] * 13
 
 
+def test_host_to_device_ramp_down_can_be_left_out(run_python):
+    """CMT_RAMP_DOWN=0: host-to-device copies ramp up, then run full blocks to the end; device-to-host
+    copies keep their ramp down."""
+    h2d, d2h = traced_copies(run_python, ("h2d", "d2h"), threads=3, env={"CMT_RAMP_DOWN": "0"})
+    up = [128 << 10, 256 << 10, 512 << 10]
+    assert h2d["block_bytes"] == up + [1 << 20] * 7 + [128 << 10]
+    assert d2h["block_bytes"] == up + [1 << 20] * 6 + [576 << 10, 320 << 10, 128 << 10, 128 << 10]
+
+
 def test_cmt_mode_below_the_plans_minimum_makes_the_programs_own_call(run_python):
     """Under `cmt run` a copy the plan passes through reaches the driver as the program made it:
     the benchmark's cmt mode must then time that same call, not the C API's asynchronous one."""

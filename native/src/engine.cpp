@@ -210,12 +210,16 @@ void Job::cut(size_t chunk, bool ramp, int lanes) {
     block_off.push_back(block_off.back() + n);
     rem -= n;
   };
+  // Experiment (CMT_RAMP_DOWN=0): no ramp down for host-to-device copies. Where the lanes run ahead
+  // of the copy engine, the last DMAs never wait for the lanes, and small ones only cost more each.
+  static const bool h2d_down = env::number("CMT_RAMP_DOWN", 1) != 0;
+  const bool down = ramp && (h2d_down || dir != Direction::HtoD);
   for (size_t s = first; s < chunk && rem; s *= 2) take(s);  // ramp up
   const size_t ramp_up_end = block_off.size() - 1;
   ramp_up_blocks = ramp ? ramp_up_end : 0;
-  while (rem > (ramp ? 2 * chunk : 0)) take(chunk);           // full blocks
+  while (rem > (down ? 2 * chunk : 0)) take(chunk);           // full blocks
   const size_t full_end = block_off.size() - 1;
-  while (rem > first) take(std::min(chunk, (rem / 2 + kMinPiece - 1) & ~(kMinPiece - 1)));  // ramp down
+  while (down && rem > first) take(std::min(chunk, (rem / 2 + kMinPiece - 1) & ~(kMinPiece - 1)));  // ramp down
   if (rem) take(rem);
   blocks = block_off.size() - 1;
   choose_fills(ramp, ramp_up_end, full_end);
