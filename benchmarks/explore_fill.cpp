@@ -16,7 +16,6 @@
 // Prints one JSON object per line.
 #include <cuda.h>
 #include <immintrin.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -33,16 +32,6 @@
 static const size_t MIB = size_t(1) << 20;
 static const size_t kCopy = 64 * MIB, kBlock = 8 * MIB;
 static const int kSlots = 4;
-
-// 2 MiB-aligned anonymous memory, with (huge) or without transparent huge pages, written once.
-static char* anon(size_t n, bool huge) {
-  void* p = mmap(nullptr, n + 2 * MIB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) exit(1);
-  char* q = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(p) + 2 * MIB - 1) & ~(2 * MIB - 1));
-  madvise(q, n, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
-  for (size_t i = 0; i < n; i += 4096) q[i] = char(i >> 12);
-  return q;
-}
 
 static void copy_nt(char* d, const char* s, size_t n) {
   size_t i = 0;
@@ -161,8 +150,8 @@ int main() {
   BackgroundDma dma(ctx, stream);
   const int kRotate = 8;  // 512 MiB of sources in turn: beyond the L3
   std::vector<char*> src4k, srcthp;
-  for (int i = 0; i < kRotate; ++i) src4k.push_back(anon(kCopy, false));
-  for (int i = 0; i < kRotate; ++i) srcthp.push_back(anon(kCopy, true));
+  for (int i = 0; i < kRotate; ++i) src4k.push_back(host_pages(kCopy, false));
+  for (int i = 0; i < kRotate; ++i) srcthp.push_back(host_pages(kCopy, true));
   struct Staging {
     std::string kind;
     char* slot[kSlots];
@@ -174,7 +163,7 @@ int main() {
     stagings.push_back(h);
     Staging r{"register-thp", {}};
     for (auto& s : r.slot) {
-      s = anon(kBlock, true);
+      s = host_pages(kBlock, true);
       CK(cuMemHostRegister(s, kBlock, CU_MEMHOSTREGISTER_PORTABLE));
     }
     stagings.push_back(r);

@@ -8,7 +8,6 @@
 // Prints one JSON object per line.
 #include <cuda.h>
 #include <immintrin.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -73,10 +72,7 @@ static Host alloc_host(const std::string& kind, size_t n) {
     CK(cuMemHostAlloc(&h.p, n, CU_MEMHOSTALLOC_PORTABLE));
   } else {
     long before = anon_huge_kb();
-    void* p = mmap(nullptr, n + 2 * MIB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    char* q = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(p) + 2 * MIB - 1) & ~(2 * MIB - 1));
-    madvise(q, n, kind == "register-thp" ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
-    memset(q, 1, n);
+    char* q = host_pages(n, kind == "register-thp");
     h.huge_kb = anon_huge_kb() - before;
     CK(cuMemHostRegister(q, n, CU_MEMHOSTREGISTER_PORTABLE));
     h.p = q;

@@ -6,7 +6,6 @@
 //
 // Prints one JSON object per line; times in microseconds, medians of 7 rounds.
 #include <cuda.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -31,15 +30,6 @@ static double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// A 2 MiB-aligned anonymous buffer, written once (its pages exist), with or without huge pages.
-static char* pageable(size_t n, bool huge) {
-  void* p = mmap(nullptr, n + 2 * MIB, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  char* q = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(p) + 2 * MIB - 1) & ~(2 * MIB - 1));
-  madvise(q, n, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
-  memset(q, 1, n);
-  return q;
-}
-
 static CUstream g_stream;
 static CUdeviceptr g_dev;
 
@@ -58,7 +48,7 @@ int main() {
 
   // 1. Register, one DMA, unregister, by size and page size; the pinned DMA of the same size.
   for (bool huge : {false, true}) {
-    char* host = pageable(big, huge);
+    char* host = host_pages(big, huge);
     for (size_t n : {1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB})
       for (bool h2d : {true, false}) {
         std::vector<double> reg, copy, unreg, pin;
@@ -93,7 +83,7 @@ int main() {
   // 2. Pipelined: register piece k, queue its DMA, register piece k+1 while it runs; unregister
   //    every piece after the last DMA. The wall time of a whole 64 MiB copy.
   for (bool huge : {false, true}) {
-    char* host = pageable(big, huge);
+    char* host = host_pages(big, huge);
     for (size_t n : {16 * MIB, 64 * MIB})
       for (size_t piece : {1 * MIB, 2 * MIB, 4 * MIB, 8 * MIB})
         for (bool h2d : {true, false}) {
