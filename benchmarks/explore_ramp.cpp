@@ -5,6 +5,9 @@
 // one thing to the slots: nothing, wrote them (cached or streaming stores, by 8 threads), read
 // them (plainly or behind non-temporal prefetches), wrote then flushed them, or nothing but a 2 ms
 // idle GPU. Prints per-block GB/s medians (results: benchmarks/results/h200-2026-12-03/ramp*.jsonl).
+// Then ("split"): blocks just written with cached stores, each DMA'd as 1, 2 or 4 parts at once on
+// as many streams, joined before the next block: do several copy engines read lines the CPU still
+// holds dirty faster than one (results/h200-2026-12-03/ramp-split.jsonl)?
 //
 //   nvcc -O2 -Xcompiler -mavx2,-mclflushopt -o /tmp/explore_ramp benchmarks/explore_ramp.cpp -lcuda -lpthread && /tmp/explore_ramp
 #include <cuda.h>
@@ -74,6 +77,58 @@ static void touch(const std::string& how) {
   if (how == "idle-2ms") std::this_thread::sleep_for(std::chrono::milliseconds(2));
 }
 
+// Each block as `parts` DMAs at once on parts streams (forked from and joined to `main`), the
+// block's time taken on `main`: GB/s medians per block after the CPU wrote the slots (cached).
+static void split_test(CUdeviceptr d) {
+  CUstream main;
+  CK(cuStreamCreate(&main, CU_STREAM_NON_BLOCKING));
+  const int kMaxParts = 4;
+  CUstream side[kMaxParts];
+  CUevent join[kMaxParts];
+  for (int k = 0; k < kMaxParts; ++k) {
+    CK(cuStreamCreate(&side[k], CU_STREAM_NON_BLOCKING));
+    CK(cuEventCreate(&join[k], CU_EVENT_DISABLE_TIMING));
+  }
+  std::vector<CUevent> ev(2 * kBlocks.size());
+  for (auto& e : ev) CK(cuEventCreate(&e, 0));
+  for (const char* how : {"write", "write-nt"}) {
+    for (int parts : {1, 2, 4}) {
+      std::vector<std::vector<double>> gbps(kBlocks.size());
+      for (int r = 0; r < kRounds + 1; ++r) {
+        CK(cuStreamSynchronize(main));
+        touch(how);
+        size_t off = 0;
+        for (size_t b = 0; b < kBlocks.size(); ++b) {
+          char* slot = g_slot[b % kSlots];
+          size_t part = kBlocks[b] / parts;
+          CK(cuEventRecord(ev[2 * b], main));
+          for (int k = 0; k < parts; ++k) {
+            CK(cuStreamWaitEvent(side[k], ev[2 * b], 0));
+            CK(cuMemcpyHtoDAsync(d + off + k * part, slot + k * part, part, side[k]));
+            CK(cuEventRecord(join[k], side[k]));
+            CK(cuStreamWaitEvent(main, join[k], 0));
+          }
+          CK(cuEventRecord(ev[2 * b + 1], main));
+          off += kBlocks[b];
+        }
+        CK(cuStreamSynchronize(main));
+        for (size_t b = 0; r && b < kBlocks.size(); ++b) {
+          float ms;
+          CK(cuEventElapsedTime(&ms, ev[2 * b], ev[2 * b + 1]));
+          gbps[b].push_back(kBlocks[b] / (ms * 1e6));
+        }
+      }
+      printf("{\"test\": \"split\", \"direction\": \"h2d\", \"before\": \"%s\", \"parts\": %d, \"gbps\": [", how, parts);
+      for (size_t b = 0; b < kBlocks.size(); ++b) {
+        std::sort(gbps[b].begin(), gbps[b].end());
+        printf("%s%.1f", b ? ", " : "", gbps[b][gbps[b].size() / 2]);
+      }
+      printf("]}\n");
+      fflush(stdout);
+    }
+  }
+}
+
 int main() {
   CUstream stream;
   open_gpu(&stream);
@@ -121,5 +176,6 @@ int main() {
       fflush(stdout);
     }
   }
+  split_test(d);
   return 0;
 }

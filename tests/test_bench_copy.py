@@ -278,9 +278,9 @@ with copy_sweep.CopyBench(drv, drv.open_device(0), 8 << 20) as b:
 def test_host_to_device_ramp_blocks_use_streaming_stores(run_python, ramp_stream, full):
     """CMT_RAMP_STREAM picks which host-to-device ramps are filled with streaming stores whatever
     the rule says: none (0, the default), the ramp down (1), both (2), the ramp up (3);
-    CMT_RAMP_STREAM_FULL=K adds the last K full blocks to a streamed ramp down. Device-to-host
-    copies keep the rule's stores."""
-    env = {**({"CMT_RAMP_STREAM": ramp_stream} if ramp_stream else {}),
+    CMT_RAMP_STREAM_FULL=K adds the last K full blocks to a streamed ramp down (host-to-device
+    copies ramp down with CMT_RAMP_DOWN=1). Device-to-host copies keep the rule's stores."""
+    env = {"CMT_RAMP_DOWN": "1", **({"CMT_RAMP_STREAM": ramp_stream} if ramp_stream else {}),
            **({"CMT_RAMP_STREAM_FULL": full} if full else {})}
     h2d, d2h = traced_copies(run_python, ("h2d", "d2h"), threads=3, env=env)
     # 8 MiB in 1 MiB blocks: ramp up 128K 256K 512K, six full blocks, ramp down 576K 320K 128K 128K
@@ -293,13 +293,15 @@ def test_host_to_device_ramp_blocks_use_streaming_stores(run_python, ramp_stream
     assert d2h["block_fill"] == [0] * 13
 
 
-def test_host_to_device_ramp_down_can_be_left_out(run_python):
-    """CMT_RAMP_DOWN=0: host-to-device copies ramp up, then run full blocks to the end; device-to-host
-    copies keep their ramp down."""
-    h2d, d2h = traced_copies(run_python, ("h2d", "d2h"), threads=3, env={"CMT_RAMP_DOWN": "0"})
-    up = [128 << 10, 256 << 10, 512 << 10]
-    assert h2d["block_bytes"] == up + [1 << 20] * 7 + [128 << 10]
-    assert d2h["block_bytes"] == up + [1 << 20] * 6 + [576 << 10, 320 << 10, 128 << 10, 128 << 10]
+@pytest.mark.parametrize("ramp_down", ["", "0", "1"])
+def test_host_to_device_ramps_down_only_when_asked(run_python, ramp_down):
+    """Host-to-device copies ramp up, then run full blocks to the end (CMT_RAMP_DOWN=1: they ramp
+    down as device-to-host copies always do)."""
+    env = {"CMT_RAMP_DOWN": ramp_down} if ramp_down else {}
+    h2d, d2h = traced_copies(run_python, ("h2d", "d2h"), threads=3, env=env)
+    up, down = [128 << 10, 256 << 10, 512 << 10], [576 << 10, 320 << 10, 128 << 10, 128 << 10]
+    assert d2h["block_bytes"] == up + [1 << 20] * 6 + down
+    assert h2d["block_bytes"] == (up + [1 << 20] * 6 + down if ramp_down == "1" else up + [1 << 20] * 7 + [128 << 10])
 
 
 def test_cmt_mode_below_the_plans_minimum_makes_the_programs_own_call(run_python):

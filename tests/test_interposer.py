@@ -58,7 +58,7 @@ def server(fake_driver_dir):
     s.close()
 
 
-# Ramped blocks (128K, 256K, 512K, then 1M, down to 128K at the end; the ramp starts at chunk/8
+# Ramped blocks (128K, 256K, 512K, then 1M; device-to-host down to 128K at the end; the ramp starts at chunk/8
 # but at 64 KiB or more) of 4 KiB pieces over 3 threads, filled and drained with streaming stores.
 RAMPED_PLAN = "h2d:1=3,5,1048576,stream;d2h:1=3,5,1048576,stream"
 
@@ -77,9 +77,9 @@ def eager_servers(fake_driver_dir):
                # cached stores: the last blocks' lines demoted by the lanes once out of work
                "ramped-cached": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN.replace(",stream", ""),
                                            CMT_PIECE="4096"),
-               # an experiment: host-to-device copies without a ramp down
-               "no-ramp-down": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN.replace(",stream", ""),
-                                          CMT_PIECE="4096", CMT_RAMP_DOWN="0")}
+               # host-to-device copies with a ramp down, as device-to-host ones have
+               "ramp-down": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN.replace(",stream", ""),
+                                       CMT_PIECE="4096", CMT_RAMP_DOWN="1")}
     yield servers
     for s in servers.values():
         s.close()
@@ -108,7 +108,7 @@ SIZES = st.one_of(
        stream=st.sampled_from(["null", "legacy", "per_thread", "blocking", "nonblocking"]),
        seed=st.integers(0, 2**32),
        geometry=st.sampled_from(["uniform", "ramped", "entry-on-stream", "ramp-head", "window-flip",
-                                  "ramped-cached", "no-ramp-down"]))
+                                  "ramped-cached", "ramp-down"]))
 def test_bytes_exact_at_any_size_and_offset(eager_servers, size, host_off, dev_off, pair, stream, seed, geometry):
     r = eager_servers[geometry]("roundtrip", size=size, host_off=host_off, dev_off=dev_off, h2d=pair[0], d2h=pair[1],
                      stream=stream, seed=seed)
@@ -116,7 +116,7 @@ def test_bytes_exact_at_any_size_and_offset(eager_servers, size, host_off, dev_o
     assert outcome(r, "h2d") == {"accelerated": 1} and outcome(r, "d2h") == {"accelerated": 1}
 
 
-@pytest.mark.parametrize("geometry", ["ramped", "ramp-head", "window-flip", "ramped-cached", "no-ramp-down"])
+@pytest.mark.parametrize("geometry", ["ramped", "ramp-head", "window-flip", "ramped-cached", "ramp-down"])
 def test_bytes_exact_through_every_kind_of_block(eager_servers, geometry):
     """A size that ramps up, runs full blocks and ramps down, with data unlike what the slots held:
     a block staged at the wrong place in its slot cannot pass."""

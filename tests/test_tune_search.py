@@ -111,10 +111,13 @@ def test_cut_follows_the_engine_geometry():
         (256 * KIB, 1)]
     assert model.cut(64 * MIB, 4 * MIB, ramp=True)[-3:] == [(576 * KIB, 1), (320 * KIB, 1), (256 * KIB, 1)]
     assert model.cut(100, 4096, ramp=True) == [(100, 1)]
+    # host-to-device: up, then full blocks to the end
+    assert model.cut(16 * MIB + KIB, 2 * MIB, ramp=True, down=False) == [
+        (256 * KIB, 1), (512 * KIB, 1), (MIB, 1), (2 * MIB, 7), (256 * KIB + KIB, 1)]
     for n in (4096, 1000003, 64 * MIB + 5):
         for chunk in (4 * KIB, 64 * KIB, 2 * MIB):
-            for ramp in (False, True):
-                blocks = model.cut(n, chunk, ramp)
+            for ramp, down in ((False, True), (True, True), (True, False)):
+                blocks = model.cut(n, chunk, ramp, down)
                 assert sum(c * k for c, k in blocks) == n and all(0 < c <= chunk for c, _ in blocks)
 
 

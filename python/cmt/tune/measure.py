@@ -100,11 +100,15 @@ class Measurer:
         one_block_s = self._seconds(lambda: b.copy_seconds("cmt", direction, one, one_block))
         self.count += 6 * (6 + len(many) + len(small_blocks))
         return pipeline.Probe((small, pinned_small), (large, pinned_large), (large, cpu_one), cpu_many,
-                              small_blocks, (one_block, one, one_block_s), cores, engine_ramps())
+                              small_blocks, (one_block, one, one_block_s), cores,
+                              engine_switch("CMT_RAMP", True),
+                              direction == "d2h" or engine_switch("CMT_RAMP_DOWN", False))
 
 
-def engine_ramps() -> bool:
-    """CMT_RAMP as the engine reads it (atol; unset or empty: on)."""
-    value = os.environ.get("CMT_RAMP", "")
+def engine_switch(name: str, default: bool) -> bool:
+    """An engine switch as the engine reads it (atol: nonzero is on; unset or empty: `default`)."""
+    value = os.environ.get(name, "")
+    if not value:
+        return default
     number = re.match(r"\s*[+-]?(\d+)", value)
-    return not value or (number is not None and int(number.group(1)) != 0)
+    return number is not None and int(number.group(1)) != 0

@@ -1,8 +1,9 @@
 """The instant search: a model of cmt's staging pipeline, fitted from a few measurements.
 
 The engine (native/src/engine.cpp) cuts a copy into blocks of `chunk` bytes, one DMA each; with
-ramping (CMT_RAMP, on by default) the first blocks grow from chunk/8 and the last ones shrink back,
-so that filling and draining the pipeline costs less (`cut` below is its geometry). All T lanes
+ramping (CMT_RAMP, on by default) the first blocks grow from chunk/8 and, device-to-host (or with
+CMT_RAMP_DOWN=1), the last ones shrink back, so that filling and draining the pipeline costs less
+(`cut` below is its geometry). All T lanes
 fill (host-to-device) or drain (device-to-host) a block together, while the copy engine works on
 the blocks before it; `buffers` slots let the two stages run ahead of each other. Per block of c
 bytes:
@@ -52,9 +53,10 @@ class PipelineModel:
     copy_overhead_s: float    # per copy (waking lanes, the final synchronisation)
     cores: int = 64           # lanes beyond the cores add overhead, not bandwidth
     ramp: bool = False        # the engine ramps block sizes (the H200 sweep was measured without)
+    ramp_down: bool = True    # and ramps down at the end (device-to-host; host-to-device with CMT_RAMP_DOWN=1)
 
     def seconds(self, nbytes: int, s: EngineSettings) -> float:
-        blocks = cut(nbytes, s.chunk, self.ramp)
+        blocks = cut(nbytes, s.chunk, self.ramp, self.ramp_down)
         buffers = max(1, min(s.buffers, sum(k for _, k in blocks)))
         fill = min(min(s.threads, self.cores) * self.lane_gbps, self.memory_gbps) * GB
         per_block = self.block_overhead_s + self.lane_overhead_s * s.threads
@@ -81,8 +83,9 @@ class PipelineModel:
                 for k, v in asdict(self).items()}
 
 
-def cut(nbytes: int, chunk: int, ramp: bool) -> list[tuple[int, int]]:
-    """The engine's blocks (Job::cut), as (size, how many in a row), in order."""
+def cut(nbytes: int, chunk: int, ramp: bool, down: bool = True) -> list[tuple[int, int]]:
+    """The engine's blocks (Job::cut), as (size, how many in a row), in order; `down`: a ramped copy
+    also ramps down."""
     piece = 64 << 10
     first = min(chunk, max(chunk // 8, piece)) if ramp else chunk
     out: list[tuple[int, int]] = []
@@ -101,11 +104,13 @@ def cut(nbytes: int, chunk: int, ramp: bool) -> list[tuple[int, int]]:
     while size < chunk and rem:  # ramp up
         take(size)
         size *= 2
-    if not ramp:
-        take(chunk, rem // chunk)
+    down = ramp and down
+    if not down:
+        if rem >= chunk:
+            take(chunk, rem // chunk)
     elif rem > 2 * chunk:  # full blocks, leaving the ramp down its bytes
         take(chunk, -(-(rem - 2 * chunk) // chunk))
-    while rem > first:  # ramp down: halve what is left
+    while down and rem > first:  # ramp down: halve what is left
         take(min(chunk, (rem // 2 + piece - 1) // piece * piece))
     if rem:
         take(rem)
@@ -133,6 +138,7 @@ class Probe:
     one_block: tuple[EngineSettings, int, float]                 # an engine copy of one block
     cores: int
     ramp: bool = True                    # whether the engine measured ramps its block sizes
+    ramp_down: bool = True               # and ramps down at the end
 
 
 def _solve_cpu_block(model: PipelineModel, nbytes: int, s: EngineSettings, seconds: float) -> float:
@@ -156,7 +162,8 @@ def fit(p: Probe) -> PipelineModel:
     dma = max(0.0, ts - ns / (link * GB))
     lane = p.cpu_one[0] / p.cpu_one[1] / GB
     memory = max(lane, p.cpu_many[1] / p.cpu_many[2] / GB)
-    model = PipelineModel(link, dma, lane, memory, 0.0, 0.0, 0.0, cores=p.cores, ramp=p.ramp)
+    model = PipelineModel(link, dma, lane, memory, 0.0, 0.0, 0.0, cores=p.cores, ramp=p.ramp,
+                          ramp_down=p.ramp_down)
     for _ in range(2):  # the per-copy and per-block costs each hide in the other's measurement
         per_block = [(s.threads, _solve_cpu_block(model, n, s, t))
                      for s, n, t in p.small_blocks]
