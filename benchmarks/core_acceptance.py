@@ -3,7 +3,9 @@
 Runs the same PyTorch measurement program twice, plainly and under `cmt run`, and writes one
 JSON with both and the ratios: pageable copies of 64 MiB and 1 GiB each way, device-to-host into
 never-touched memory, pinned copies (the link's limit, measured in both runs), PyTorch
-`.to('cuda')`/`.cpu()` of 1 GiB, and 10^5 copies of 4 KiB (below the pass-through size).
+`.to('cuda')`/`.cpu()` of 1 GiB, and 10^5 copies of 4 KiB (below the pass-through size). The
+pageable copies are PyTorch's `copy_`, and (where CuPy is installed) the runtime's `cudaMemcpy`
+with its pinned counterpart.
 
     python benchmarks/core_acceptance.py --out benchmarks/results/core-h200.json
 """
@@ -93,6 +95,26 @@ def measure() -> dict:
         put(f"d2h_pinned_host_{tag}", size, host_timed(lambda: pinned.copy_(gpu, non_blocking=True), repeat))
         torch.cuda.synchronize()
         assert torch.equal(pinned, src)
+        runtime_copies(tag, size, src, dst, gpu, pinned)
+
+    def runtime_copies(tag, size, src, dst, gpu, pinned):
+        # The CUDA runtime's own cudaMemcpy (through CuPy, where installed), pageable and pinned, each
+        # timed on the host clock: the call the product is named after, without PyTorch's copy_ around it.
+        try:
+            from cupy.cuda import runtime
+        except ImportError:
+            return
+        h2d, d2h = runtime.memcpyHostToDevice, runtime.memcpyDeviceToHost
+        for way, host in (("pageable", src), ("pinned", pinned)):
+            put(f"h2d_cudamemcpy_{way}_{tag}", size,
+                host_timed(lambda h=host: runtime.memcpy(gpu.data_ptr(), h.data_ptr(), size, h2d), repeat_of[tag]))
+        gpu.copy_(src)
+        for way, host in (("pageable", dst), ("pinned", pinned)):
+            put(f"d2h_cudamemcpy_{way}_{tag}", size,
+                host_timed(lambda h=host: runtime.memcpy(h.data_ptr(), gpu.data_ptr(), size, d2h), repeat_of[tag]))
+        assert torch.equal(dst, src) and torch.equal(pinned, src)
+
+    repeat_of = {"64MiB": 20, "1GiB": 5}
 
     def framework():
         x = torch.randint(0, 256, (GIB,), dtype=torch.uint8)
@@ -195,6 +217,10 @@ def main() -> None:
                 rows[key]["pair_slowdown_pct"] = round((statistics.median(pairs) - 1) * 100, 2)
     for tag in ("64MiB", "1GiB"):
         for d in ("h2d", "d2h"):
+            if f"{d}_cudamemcpy_pinned_{tag}" in cmt:  # cudaMemcpy against cudaMemcpy, in the cmt run
+                row = rows[f"{d}_cudamemcpy_pageable_{tag}"]
+                row["cmt_vs_pinned_cudamemcpy"] = round(
+                    cmt[f"{d}_cudamemcpy_pageable_{tag}"]["gbps"] / cmt[f"{d}_cudamemcpy_pinned_{tag}"]["gbps"], 3)
             row, got = rows[f"{d}_pageable_{tag}"], cmt[f"{d}_pageable_{tag}"]["gbps"]
             pinned, pinned_host = cmt[f"{d}_pinned_{tag}"]["gbps"], cmt[f"{d}_pinned_host_{tag}"]["gbps"]
             row["pinned_gbps_same_run"] = round(pinned, 2)  # GPU events: the DMA alone
