@@ -3,7 +3,7 @@
 # $OUT/results.tar.gz (the device tool brings back at most 8 files) and print short summaries.
 #   bash benchmarks/gpu_session.sh gputests core benchcopy
 # Steps: gputests torchtests core coretuned benchcopy workloads profiles tune (= tuneinstant tunefull tunedcopy)
-#        overhead variants sweep timeline timelinecold pinned ramp fill entry register abcopy. The archive is rewritten after every step: a call cut short by its
+#        overhead variants sweep timeline timelinecold pinned ramp fill entry passthrough register abcopy. The archive is rewritten after every step: a call cut short by its
 #        time limit still brings back the steps it finished.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -62,6 +62,8 @@ for step in "${steps[@]}"; do
         timeout 200 /tmp/explore_fill | tee "$R/fill.jsonl" | python3 benchmarks/fill_table.py ;;
     entry)  # 64 MiB host-to-device under cmt run reached through PyTorch and the C API, legacy and side streams
       timeout 200 python3 benchmarks/explore_entry.py --out "$R/entry.json" 2>&1 | tail -6 ;;
+    passthrough)  # pinned cudaMemcpy (passed through) in alternating plain and cmt run processes
+      timeout 200 python3 benchmarks/explore_passthrough.py --out "$R/passthrough.jsonl" 2>&1 | tail -10 ;;
     register)  # page-locking the program's own buffer for one copy: register, DMA, unregister
       nvcc -O2 -o /tmp/explore_register benchmarks/explore_register.cpp -lcuda -lpthread &&
         timeout 150 /tmp/explore_register | tee "$R/register.jsonl" ;;
