@@ -61,7 +61,7 @@ for step in "${steps[@]}"; do
       nvcc -O2 -Xcompiler -mavx2 -o /tmp/explore_fill benchmarks/explore_fill.cpp -lcuda -lpthread &&
         timeout 200 /tmp/explore_fill | tee "$R/fill.jsonl" | python3 benchmarks/fill_table.py ;;
     entry)  # 64 MiB host-to-device under cmt run reached through PyTorch and the C API, legacy and side streams
-      timeout 200 python3 benchmarks/explore_entry.py --out "$R/entry.json" 2>&1 | tail -6 ;;
+      timeout 200 python3 benchmarks/explore_entry.py --variants "${ENTRY_VARIANTS:-default,entry-stream}" --out "$R/entry.json" 2>&1 | tail -6 ;;
     passthrough)  # pinned cudaMemcpy (passed through) in alternating plain and cmt run processes
       timeout 200 python3 benchmarks/explore_passthrough.py --out "$R/passthrough.jsonl" 2>&1 | tail -10 ;;
     register)  # page-locking the program's own buffer for one copy: register, DMA, unregister

@@ -339,3 +339,55 @@ def test_never_touched_destinations_get_more_lanes(run_python, fresh_threads):
     least = int(fresh_threads) if fresh_threads else min(16, len(os.sched_getaffinity(0)))
     assert fresh["lanes"] == max(2, least)
     assert touched["lanes"] == 2
+
+
+@pytest.mark.parametrize("prewake", ["", "0"])
+def test_lanes_wake_while_a_copy_waits_for_its_stream(run_python, prewake):
+    """A staged copy first waits for its stream's earlier work; the lanes, asleep since the last copy,
+    wake when the copy arrives and spin through that wait (CMT_PREWAKE=0: they sleep until the copy
+    starts)."""
+    code = """
+import ctypes, json, os, threading, time
+from fake_cuda.fake_client import Driver
+from cmt import native
+drv = Driver()
+drv.init_primary(0)
+n = 8 << 20
+src = ctypes.create_string_buffer(b"\\x33" * n, n)
+dev = drv.mem_alloc(n)
+s = drv.stream_create()
+
+def copy():
+    r = native.memcpy("h2d", ctypes.addressof(src), dev, n, s, threads=4, buffers=4, chunk=1 << 20)
+    assert int(r) == 0 and r.outcome == "accelerated", (int(r), r.outcome)
+
+def lane_states():
+    states = []
+    for t in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{t}/comm") as f:
+            if not f.read().startswith("cmt-copy"):
+                continue
+        with open(f"/proc/self/task/{t}/stat") as f:
+            states.append(f.read().rsplit(")", 1)[1].split()[0])
+    return sorted(states)
+
+copy()
+drv.stream_sync(s)
+time.sleep(1.3)  # past the lanes' spin (CMT_SPIN_US): asleep
+before = lane_states()
+drv.delayed_write(s, dev, 0, n, 400_000)  # the stream's earlier work, 0.4 s
+during = []
+probe = threading.Thread(target=lambda: (time.sleep(0.2), during.extend(lane_states())))
+probe.start()
+copy()  # waits for the delayed write, then copies
+probe.join()
+drv.stream_sync(s)
+assert drv.peek(dev, n) == b"\\x33" * n
+print(json.dumps({"before": before, "during": during}))
+"""
+    env = {"CMT_SPIN_US": "1000000", **({"CMT_PREWAKE": prewake} if prewake else {})}
+    proc = run_python(code, env=env)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["before"] == ["S"] * 3
+    assert seen["during"] == (["S"] * 3 if prewake == "0" else ["R"] * 3)
