@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-VARIANTS = {"default": {}, "entry-stream": {"CMT_ENTRY": "stream"}, "no-prewake": {"CMT_PREWAKE": "0"}}
+VARIANTS = {"default": {}, "entry-stream": {"CMT_ENTRY": "stream"}}
 
 
 def child(size: int, rounds: int) -> dict:

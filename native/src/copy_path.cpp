@@ -85,7 +85,6 @@ Outcome decide_and_copy(const CopyCall& call, CUresult* result, HostKind* kind) 
   if (host.managed) return Outcome::ManagedMemory;
   if (host.memory_type == CU_MEMORYTYPE_HOST) return Outcome::PinnedHost;
   if (host.memory_type != 0) return Outcome::NotHostDevice;
-  engine_prewake();  // a pageable copy the plan stages: its lanes wake while the rest is checked
   if (!query_pointer(d, call.device, &dev)) return Outcome::DeviceRange;
   if (dev.managed) return Outcome::ManagedMemory;
   // Only a range inside one device allocation of this context is staged: a chunked copy must not

@@ -295,7 +295,6 @@ void Job::place(size_t slot_bytes, size_t chunk, bool& flipped) {
 class Engine {
  public:
   CUresult copy(const CopyRequest& req);
-  void prewake();
   void forget() { forked_ = true; }
   std::string dma_gpu_times();
 
@@ -327,7 +326,6 @@ class Engine {
   int workers_ = 0;                        // worker threads started (lanes 1..workers_)
   Job job_;
   std::atomic<uint64_t> ticket_{0};  // (generation << 8) | lanes of the current job
-  std::atomic<uint64_t> prewake_{0};  // bumped by prewake(): sleeping workers wake and spin for a ticket
   std::mutex wake_mutex_;
   std::condition_variable wake_cv_;
   std::atomic<bool> forked_{false};
@@ -335,18 +333,6 @@ class Engine {
   ContextResources* trace_res_ = nullptr;
   std::mutex trace_order_;  // one DMA queued at a time, so that its timing events bracket it alone
 };
-
-// CMT_PREWAKE=0: workers wake only when a copy's ticket is out. By default the interposer wakes them
-// as soon as it sees a pageable copy its plan stages (the C API's copies included), so that the
-// futex wake-ups (13-40 µs on the H200 host, timeline-fill.json) overlap the remaining checks and the
-// wait for the stream's earlier work.
-void Engine::prewake() {
-  static const bool on = env::number("CMT_PREWAKE", 1) != 0;
-  if (!on || forked_.load(std::memory_order_relaxed)) return;
-  prewake_.fetch_add(1, std::memory_order_relaxed);
-  { std::lock_guard<std::mutex> wake(wake_mutex_); }
-  wake_cv_.notify_all();
-}
 
 void Engine::fail(CUresult r) {
   CUresult expected = CUDA_SUCCESS;
@@ -413,8 +399,7 @@ void Engine::worker_main(int index, uint64_t seen) {
   char name[16];
   snprintf(name, sizeof name, "cmt-copy-%d", index);
   pthread_setname_np(pthread_self(), name);
-  bool spin = false;  // only a worker the last copy used (or a prewake) spins for the next: idle ones leave the CPUs to the lanes
-  uint64_t woken = prewake_.load(std::memory_order_relaxed);
+  bool spin = false;  // only a worker the last copy used spins for the next: idle ones leave the CPUs to the lanes
   for (;;) {
     uint64_t t = ticket_.load(std::memory_order_acquire);
     if ((t >> 8) == seen) {
@@ -422,12 +407,7 @@ void Engine::worker_main(int index, uint64_t seen) {
       while (spin && (ticket_.load(std::memory_order_acquire) >> 8) == seen && Clock::now() < until) cpu_relax();
       spin = false;
       std::unique_lock<std::mutex> lock(wake_mutex_);
-      wake_cv_.wait(lock, [&] {
-        return (ticket_.load(std::memory_order_acquire) >> 8) != seen || prewake_.load(std::memory_order_relaxed) != woken;
-      });
-      uint64_t w = prewake_.load(std::memory_order_relaxed);
-      spin = w != woken;  // woken ahead of a copy: spin until its ticket comes
-      woken = w;
+      wake_cv_.wait(lock, [&] { return (ticket_.load(std::memory_order_acquire) >> 8) != seen; });
       continue;
     }
     seen = t >> 8;
@@ -740,27 +720,22 @@ CUresult Engine::copy(const CopyRequest& req) {
   return err;
 }
 
-std::atomic<Engine*> g_engine{nullptr};
+Engine* g_engine = nullptr;
 std::once_flag g_engine_once;
 
 }  // namespace
 
 CUresult engine_copy(const CopyRequest& req) {
-  std::call_once(g_engine_once, [] { g_engine.store(new Engine()); });  // never destroyed: workers live on
-  return g_engine.load()->copy(req);
-}
-
-void engine_prewake() {
-  if (Engine* e = g_engine.load()) e->prewake();  // before the first copy there are no workers to wake
+  std::call_once(g_engine_once, [] { g_engine = new Engine(); });  // never destroyed: workers live on
+  return g_engine->copy(req);
 }
 
 std::string engine_dma_gpu_times() {
-  Engine* e = g_engine.load();
-  return e ? e->dma_gpu_times() : std::string();
+  return g_engine ? g_engine->dma_gpu_times() : std::string();
 }
 
 void engine_forget_after_fork() {
-  if (Engine* e = g_engine.load()) e->forget();
+  if (g_engine) g_engine->forget();
 }
 
 }  // namespace cmt

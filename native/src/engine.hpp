@@ -39,10 +39,6 @@ struct CopyRequest {
 // or CUDA_ERROR_NOT_READY (nothing was copied: resources unavailable; the caller passes through).
 CUresult engine_copy(const CopyRequest& req);
 
-// A copy is about to come (a pageable copy the plan stages, still being checked): lanes asleep
-// since the last copy start waking now, so that the copy does not wait for them. Cheap when none sleep.
-void engine_prewake();
-
 // With CMT_TRACE: the GPU's start and end of each DMA of the last copy, in µs from the copy's start
 // on the DMA stream, as JSON [[start, end], ...]; "" when not traced.
 std::string engine_dma_gpu_times();
