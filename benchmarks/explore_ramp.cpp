@@ -77,6 +77,24 @@ static void touch(const std::string& how) {
   if (how == "idle-2ms") std::this_thread::sleep_for(std::chrono::milliseconds(2));
 }
 
+// Each block's GB/s from its start and end events (ev[2b], ev[2b+1]), once they have passed.
+static void add_rates(std::vector<std::vector<double>>& gbps, const std::vector<CUevent>& ev) {
+  for (size_t b = 0; b < kBlocks.size(); ++b) {
+    float ms;
+    CK(cuEventElapsedTime(&ms, ev[2 * b], ev[2 * b + 1]));
+    gbps[b].push_back(kBlocks[b] / (ms * 1e6));
+  }
+}
+
+// Ends a JSON line: each block's median GB/s, then "]}".
+static void print_medians(std::vector<std::vector<double>>& gbps) {
+  for (size_t b = 0; b < kBlocks.size(); ++b) {
+    std::sort(gbps[b].begin(), gbps[b].end());
+    printf("%s%.1f", b ? ", " : "", gbps[b][gbps[b].size() / 2]);
+  }
+  printf("]}\n");
+}
+
 // Each block as `parts` DMAs at once on parts streams (forked from and joined to `main`), the
 // block's time taken on `main`: GB/s medians per block after the CPU wrote the slots (cached).
 static void split_test(CUdeviceptr d) {
@@ -112,18 +130,10 @@ static void split_test(CUdeviceptr d) {
           off += kBlocks[b];
         }
         CK(cuStreamSynchronize(main));
-        for (size_t b = 0; r && b < kBlocks.size(); ++b) {
-          float ms;
-          CK(cuEventElapsedTime(&ms, ev[2 * b], ev[2 * b + 1]));
-          gbps[b].push_back(kBlocks[b] / (ms * 1e6));
-        }
+        if (r) add_rates(gbps, ev);
       }
       printf("{\"test\": \"split\", \"direction\": \"h2d\", \"before\": \"%s\", \"parts\": %d, \"gbps\": [", how, parts);
-      for (size_t b = 0; b < kBlocks.size(); ++b) {
-        std::sort(gbps[b].begin(), gbps[b].end());
-        printf("%s%.1f", b ? ", " : "", gbps[b][gbps[b].size() / 2]);
-      }
-      printf("]}\n");
+      print_medians(gbps);
       fflush(stdout);
     }
   }
@@ -159,20 +169,12 @@ int main() {
           off += kBlocks[b];
         }
         CK(cuStreamSynchronize(stream));
-        for (size_t b = 0; r && b < kBlocks.size(); ++b) {
-          float ms;
-          CK(cuEventElapsedTime(&ms, ev[2 * b], ev[2 * b + 1]));
-          gbps[b].push_back(kBlocks[b] / (ms * 1e6));
-        }
+        if (r) add_rates(gbps, ev);
       }
       printf("{\"test\": \"ramp\", \"direction\": \"%s\", \"before\": \"%s\", \"block_kib\": [", h2d ? "h2d" : "d2h", how);
       for (size_t b = 0; b < kBlocks.size(); ++b) printf("%s%zu", b ? ", " : "", kBlocks[b] / KIB);
       printf("], \"gbps\": [");
-      for (size_t b = 0; b < kBlocks.size(); ++b) {
-        std::sort(gbps[b].begin(), gbps[b].end());
-        printf("%s%.1f", b ? ", " : "", gbps[b][gbps[b].size() / 2]);
-      }
-      printf("]}\n");
+      print_medians(gbps);
       fflush(stdout);
     }
   }
