@@ -22,6 +22,8 @@ import subprocess
 import sys
 import time
 
+import child_result
+
 GIB, MIB = 1 << 30, 1 << 20
 
 
@@ -95,26 +97,23 @@ def measure() -> dict:
         put(f"d2h_pinned_host_{tag}", size, host_timed(lambda: pinned.copy_(gpu, non_blocking=True), repeat))
         torch.cuda.synchronize()
         assert torch.equal(pinned, src)
-        runtime_copies(tag, size, src, dst, gpu, pinned)
+        runtime_copies(tag, size, repeat, src, dst, gpu, pinned)
 
-    def runtime_copies(tag, size, src, dst, gpu, pinned):
+    def runtime_copies(tag, size, repeat, src, dst, gpu, pinned):
         # The CUDA runtime's own cudaMemcpy (through CuPy, where installed), pageable and pinned, each
         # timed on the host clock: the call the product is named after, without PyTorch's copy_ around it.
         try:
             from cupy.cuda import runtime
         except ImportError:
             return
-        h2d, d2h = runtime.memcpyHostToDevice, runtime.memcpyDeviceToHost
-        for way, host in (("pageable", src), ("pinned", pinned)):
-            put(f"h2d_cudamemcpy_{way}_{tag}", size,
-                host_timed(lambda h=host: runtime.memcpy(gpu.data_ptr(), h.data_ptr(), size, h2d), repeat_of[tag]))
-        gpu.copy_(src)
-        for way, host in (("pageable", dst), ("pinned", pinned)):
-            put(f"d2h_cudamemcpy_{way}_{tag}", size,
-                host_timed(lambda h=host: runtime.memcpy(h.data_ptr(), gpu.data_ptr(), size, d2h), repeat_of[tag]))
+        g = gpu.data_ptr()
+        for d, pageable in (("h2d", src), ("d2h", dst)):
+            for way, host in (("pageable", pageable), ("pinned", pinned)):
+                h = host.data_ptr()
+                args = ((g, h, size, runtime.memcpyHostToDevice) if d == "h2d"
+                        else (h, g, size, runtime.memcpyDeviceToHost))
+                put(f"{d}_cudamemcpy_{way}_{tag}", size, host_timed(lambda a=args: runtime.memcpy(*a), repeat))
         assert torch.equal(dst, src) and torch.equal(pinned, src)
-
-    repeat_of = {"64MiB": 20, "1GiB": 5}
 
     def framework():
         x = torch.randint(0, 256, (GIB,), dtype=torch.uint8)
@@ -178,17 +177,16 @@ def main() -> None:
     ap.add_argument("--inner-small", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner or args.inner_small:
-        print("RESULT " + json.dumps(measure_small() if args.inner_small else measure()))
+        child_result.emit(measure_small() if args.inner_small else measure())
         return
 
     def run(prefix, what="--inner"):
-        proc = subprocess.run([*prefix, sys.executable, __file__, what], capture_output=True, text=True)
-        if proc.returncode:
+        result, proc = child_result.run([*prefix, sys.executable, __file__, what])
+        if result is None:
             sys.exit(f"measurement failed ({prefix or 'plain'}):\n{proc.stdout}\n{proc.stderr}")
-        line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
-        return json.loads(line[7:]), proc.stderr
+        return result, proc.stderr
 
-    under_cmt = [sys.executable, "-m", "cmt", "run", "--"]
+    under_cmt = child_result.UNDER_CMT
     plain, _ = run([])
     cmt, cmt_stderr = run(under_cmt)
     # Small copies differ by less than processes do from one another (8.6-12.2 µs per copy for the

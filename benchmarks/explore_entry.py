@@ -15,9 +15,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
+
+import child_result
 
 VARIANTS = {"default": {}, "entry-stream": {"CMT_ENTRY": "stream"}}
 
@@ -81,19 +82,16 @@ def main() -> None:
     args = ap.parse_args()
     size = args.size_mib << 20
     if args.child:
-        print("RESULT " + json.dumps(child(size, args.rounds)))
+        child_result.emit(child(size, args.rounds))
         return
     out = []
     for variant in args.variants.split(","):
         env = {**os.environ, **VARIANTS[variant]}
-        proc = subprocess.run([sys.executable, "-m", "cmt", "run", "--", sys.executable, __file__, "--child",
-                               "--size-mib", str(args.size_mib), "--rounds", str(args.rounds)],
-                              capture_output=True, text=True, env=env)
-        line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-        if proc.returncode or not line:
+        res, proc = child_result.run([*child_result.UNDER_CMT, sys.executable, __file__, "--child",
+                                      "--size-mib", str(args.size_mib), "--rounds", str(args.rounds)], env)
+        if res is None:
             print(variant, "FAILED", proc.stderr[-1500:])
             continue
-        res = json.loads(line[7:])
         out.append({"variant": variant, "size": size, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "ways": res})
         print(variant, " ".join(f"{k} {v['us']}us {v['vs_pinned']:.0%}" for k, v in res.items()), flush=True)

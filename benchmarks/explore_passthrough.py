@@ -12,9 +12,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
+
+import child_result
 
 SIZE = 64 << 20
 
@@ -26,7 +27,7 @@ def child() -> dict:
 
     host = cp.cuda.alloc_pinned_memory(SIZE)
     arr = np.frombuffer(host, dtype=np.uint8, count=SIZE)
-    arr[:] = np.arange(SIZE, dtype=np.uint64).astype(np.uint8)
+    arr.fill(7)
     dev = cp.empty(SIZE, dtype=cp.uint8)
     out = {}
     for name, args in (("h2d", (dev.data.ptr, arr.ctypes.data, SIZE, runtime.memcpyHostToDevice)),
@@ -50,19 +51,17 @@ def main() -> None:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(child()))
+        child_result.emit(child())
         return
     with open(args.out, "w") as f:
         for pair in range(args.pairs):
-            for side, prefix in (("plain", []), ("cmt", [sys.executable, "-m", "cmt", "run", "--"])):
+            for side, prefix in (("plain", []), ("cmt", child_result.UNDER_CMT)):
                 env = {"CMT_STATS": "1"} if side == "cmt" else {}
-                proc = subprocess.run([*prefix, sys.executable, __file__, "--child"], capture_output=True, text=True,
-                                      env={**os.environ, **env})
-                line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-                if proc.returncode or not line:
+                gbps, proc = child_result.run([*prefix, sys.executable, __file__, "--child"], {**os.environ, **env})
+                if gbps is None:
                     print(side, "FAILED", proc.stderr[-800:])
                     continue
-                row = {"pair": pair, "side": side, "pinned_cudamemcpy_gbps": json.loads(line[7:]),
+                row = {"pair": pair, "side": side, "pinned_cudamemcpy_gbps": gbps,
                        "stats": proc.stderr.splitlines()[-8:],
                        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
                 f.write(json.dumps(row) + "\n")

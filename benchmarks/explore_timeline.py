@@ -15,9 +15,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
+
+import child_result
 
 MIB = 1 << 20
 # (threads, buffers, chunk, streaming stores) tried per direction and size.
@@ -144,7 +145,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         size, direction, repeats, rotate = int(args.child[0]), args.child[1], int(args.child[2]), int(args.child[3])
-        print("RESULT " + json.dumps(child(size, direction, repeats, rotate)))
+        child_result.emit(child(size, direction, repeats, rotate))
         return
     out = []
     for variant in args.variants.split(","):
@@ -154,12 +155,12 @@ def main() -> None:
             if args.only and f"{direction}:{size // MIB}" not in args.only.split(","):
                 continue
             env = {**os.environ, "CMT_TRACE": "1", **extra}
-            proc = subprocess.run([sys.executable, __file__, "--child", str(size), direction, "9", str(args.rotate)],
-                                  capture_output=True, text=True, env=env)
-            if proc.returncode:
+            results, proc = child_result.run([sys.executable, __file__, "--child", str(size), direction, "9",
+                                              str(args.rotate)], env)
+            if results is None:
                 print(name, direction, size, "FAILED", proc.stderr[-1500:])
                 continue
-            for res in json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:]):
+            for res in results:
                 out.append({"variant": name, "direction": direction, "size": size, "rotate": args.rotate, **res})
                 print(f"{variant[:18]:18} {direction} {size // MIB:3}M t{res['threads']:>2} b{res['buffers']:>2} "
                       f"c{res['chunk'] // MIB}M{' nt' if res['stream_stores'] else '   '} {res['gbps']:5.1f} GB/s "

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+import child_result
 
 HERE = Path(__file__).resolve().parent
 KEYS = ("h2d_pageable_64MiB", "d2h_pageable_64MiB", "h2d_pageable_1GiB", "d2h_pageable_1GiB", "d2h_fresh_64MiB",
@@ -26,13 +27,12 @@ def main() -> None:
     print("variant".ljust(28) + "".join(k.replace("_pageable", "").ljust(20) for k in KEYS))
     for extra in VARIANTS:
         env = {**os.environ, **extra}
-        proc = subprocess.run([sys.executable, "-m", "cmt", "run", "--", sys.executable,
-                               str(HERE / "core_acceptance.py"), "--inner"], capture_output=True, text=True, env=env)
+        res, proc = child_result.run([*child_result.UNDER_CMT, sys.executable, str(HERE / "core_acceptance.py"),
+                                      "--inner"], env)
         name = ",".join(f"{k}={v}" for k, v in extra.items()) or "default"
-        if proc.returncode:
+        if res is None:
             print(name, "FAILED", proc.stderr[-2000:])
             continue
-        res = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))[7:])
         out[name] = res
         print(name.ljust(28) + "".join(f"{res[k]['gbps']:<20.1f}" for k in KEYS), flush=True)
     if len(sys.argv) > 1:

@@ -1,0 +1,27 @@
+"""The benchmarks' parent/child protocol: a child process measures and prints one `RESULT <json>`
+line; its parent runs it (plainly, under `cmt run`, in an environment of switches) and reads that
+line back. Each benchmark is a script run from anywhere, so its folder is on sys.path."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+PREFIX = "RESULT "
+UNDER_CMT = [sys.executable, "-m", "cmt", "run", "--"]  # a command's prefix that runs it under cmt
+
+
+def emit(result: Any) -> None:
+    """The child's side: its result, as the one line the parent looks for."""
+    print(PREFIX + json.dumps(result), flush=True)
+
+
+def run(cmd: Sequence[str], env: Mapping[str, str] | None = None) -> tuple[Any, subprocess.CompletedProcess]:
+    """The parent's side: runs cmd and returns (its result, the process); the result is None when
+    the child failed or printed none."""
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, env=None if env is None else dict(env))
+    line = next((x for x in proc.stdout.splitlines() if x.startswith(PREFIX)), None)
+    return (json.loads(line[len(PREFIX):]) if line and not proc.returncode else None), proc
