@@ -20,7 +20,8 @@ import time
 
 import child_result
 
-VARIANTS = {"default": {}, "entry-stream": {"CMT_ENTRY": "stream"}}
+VARIANTS = {"default": {}, "entry-stream": {"CMT_ENTRY": "stream"}, "no-spin-tail": {"CMT_SPIN_TAIL": "0"},
+            "stream-up": {"CMT_RAMP_STREAM": "3"}}
 
 
 def child(size: int, rounds: int) -> dict:

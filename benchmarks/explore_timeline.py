@@ -39,7 +39,8 @@ VARIANTS = {"default": {}, "spin": {"CMT_SPIN_US": "20000"}, "nospin": {"CMT_SPI
             "stream-up": {"CMT_RAMP_STREAM": "3"}, "ramp-head": {"CMT_RAMP_TAIL": "0"},
             "window-start": {"CMT_WINDOW_FLIP": "0"},
             "tail-kept": {"CMT_DEMOTE_TAIL": "0"}, "ramp-down": {"CMT_RAMP_DOWN": "1"},
-            "old-defaults": {"CMT_DEMOTE_TAIL": "0", "CMT_RAMP_STREAM": "1", "CMT_RAMP_DOWN": "1"}}
+            "old-defaults": {"CMT_DEMOTE_TAIL": "0", "CMT_RAMP_STREAM": "1", "CMT_RAMP_DOWN": "1"},
+            "no-spin-tail": {"CMT_SPIN_TAIL": "0"}}
 
 
 def us(ns: float) -> float:

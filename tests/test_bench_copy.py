@@ -339,3 +339,51 @@ def test_never_touched_destinations_get_more_lanes(run_python, fresh_threads):
     least = int(fresh_threads) if fresh_threads else min(16, len(os.sched_getaffinity(0)))
     assert fresh["lanes"] == max(2, least)
     assert touched["lanes"] == 2
+
+
+@pytest.mark.parametrize("tail", ["1", "0"])
+def test_lanes_spin_through_the_dma_tail(run_python, tail):
+    """A host-to-device copy returns while its last blocks still wait for the copy engine; the lanes
+    spin through that estimated tail (here 64 MiB queued: the 2 ms cap), so that a program which
+    waits for the copy and calls again finds them awake (CMT_SPIN_TAIL=0: they sleep at once)."""
+    code = """
+import ctypes, json, os, time
+from fake_cuda.fake_client import Driver
+from cmt import native
+drv = Driver()
+drv.init_primary(0)
+n = 64 << 20
+src = ctypes.create_string_buffer(b"\\x5a" * n, n)
+dev = drv.mem_alloc(n)
+s = drv.stream_create()
+
+def lane_states():
+    states = []
+    for t in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{t}/comm") as f:
+            if not f.read().startswith("cmt-copy"):
+                continue
+        with open(f"/proc/self/task/{t}/stat") as f:
+            states.append(f.read().rsplit(")", 1)[1].split()[0])
+    return "".join(sorted(states))
+
+seen = []
+for _ in range(7):
+    r = native.memcpy("h2d", ctypes.addressof(src), dev, n, s, threads=4, buffers=4, chunk=16 << 20)
+    time.sleep(0.0005)  # long enough for idle workers to fall asleep, well inside a 2 ms spin
+    seen.append(lane_states())
+    assert int(r) == 0 and r.outcome == "accelerated", (int(r), r.outcome)
+    drv.stream_sync(s)
+    for _ in range(1000):  # asleep soon after, either way
+        if lane_states() == "SSS":
+            break
+    else:
+        raise SystemExit("lanes still running: " + lane_states())
+assert drv.peek(dev, n) == b"\\x5a" * n
+print(json.dumps(seen))
+"""
+    proc = run_python(code, env={"CMT_SPIN_US": "0", "CMT_SPIN_TAIL": tail})
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    awake = sum(s == "RRR" for s in seen)
+    assert awake >= 5 if tail == "1" else awake <= 2, seen
