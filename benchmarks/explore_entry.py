@@ -21,7 +21,7 @@ import time
 import child_result
 
 VARIANTS = {"default": {}, "entry-stream": {"CMT_ENTRY": "stream"}, "no-spin-tail": {"CMT_SPIN_TAIL": "0"},
-            "stream-up": {"CMT_RAMP_STREAM": "3"}}
+            "stream-up": {"CMT_RAMP_STREAM": "3"}, "disabled": {"CMT_DISABLE": "1"}}
 
 
 def child(size: int, rounds: int) -> dict:
@@ -38,6 +38,9 @@ def child(size: int, rounds: int) -> dict:
         "torch_side_stream": lambda: _on(side, lambda: gpu.copy_(src)),
         "capi_side_stream": lambda: _capi(native, src, gpu, size, side),
         "capi_legacy": lambda: _capi(native, src, gpu, size, None),
+        # The calls PyTorch's copy_ makes (cudaMemcpyAsync on the legacy stream, cudaStreamSynchronize),
+        # made straight to its CUDA runtime: tells PyTorch's own cost from the runtime's and cmt's.
+        "cudart_legacy": _cudart_copy(src, gpu, size),
         "pinned": lambda: gpu.copy_(pinned, non_blocking=True),
     }
     times: dict[str, list[float]] = {k: [] for k in ways}
@@ -61,6 +64,26 @@ def _on(stream, fn) -> None:
     with torch.cuda.stream(stream):
         fn()
         stream.synchronize()
+
+
+def _cudart_copy(src, gpu, size: int):
+    """cudaMemcpyAsync(gpu, src, size, HostToDevice, 0) + cudaStreamSynchronize(0) through the CUDA
+    runtime PyTorch loaded (found in this process's mappings)."""
+    import ctypes
+
+    with open("/proc/self/maps") as f:
+        path = next(line.split()[-1] for line in f if "libcudart.so" in line)
+    rt = ctypes.CDLL(path)
+    memcpy_async, sync = rt.cudaMemcpyAsync, rt.cudaStreamSynchronize
+    memcpy_async.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    sync.argtypes = [ctypes.c_void_p]
+    dst, host = gpu.data_ptr(), src.data_ptr()
+
+    def copy() -> None:
+        if memcpy_async(dst, host, size, 1, None) or sync(None):
+            raise SystemExit("cudaMemcpyAsync / cudaStreamSynchronize failed")
+
+    return copy
 
 
 def _capi(native, src, gpu, size: int, stream) -> None:
