@@ -72,7 +72,9 @@ def _cudart_copy(src, gpu, size: int):
     import ctypes
 
     with open("/proc/self/maps") as f:
-        path = next(line.split()[-1] for line in f if "libcudart.so" in line)
+        path = next((line.split()[-1] for line in f if "libcudart.so" in line), None)
+    if path is None:
+        raise SystemExit("no CUDA runtime loaded in this process (PyTorch built with a static one?)")
     rt = ctypes.CDLL(path)
     memcpy_async, sync = rt.cudaMemcpyAsync, rt.cudaStreamSynchronize
     memcpy_async.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
