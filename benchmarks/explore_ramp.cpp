@@ -77,13 +77,30 @@ static void touch(const std::string& how) {
   if (how == "idle-2ms") std::this_thread::sleep_for(std::chrono::milliseconds(2));
 }
 
-// Each block's GB/s from its start and end events (ev[2b], ev[2b+1]), once they have passed.
-static void add_rates(std::vector<std::vector<double>>& gbps, const std::vector<CUevent>& ev) {
-  for (size_t b = 0; b < kBlocks.size(); ++b) {
-    float ms;
-    CK(cuEventElapsedTime(&ms, ev[2 * b], ev[2 * b + 1]));
-    gbps[b].push_back(kBlocks[b] / (ms * 1e6));
+// kRounds + 1 rounds (the first not counted) of: touch(how), then every block's DMAs queued by
+// queue(b, device_offset, slot) between two events on `stream`. Returns each block's GB/s per round.
+template <class Queue>
+static std::vector<std::vector<double>> block_rates(CUstream stream, const char* how, const std::vector<CUevent>& ev,
+                                                    Queue queue) {
+  std::vector<std::vector<double>> gbps(kBlocks.size());
+  for (int r = 0; r < kRounds + 1; ++r) {
+    CK(cuStreamSynchronize(stream));
+    touch(how);
+    size_t off = 0;
+    for (size_t b = 0; b < kBlocks.size(); ++b) {
+      CK(cuEventRecord(ev[2 * b], stream));
+      queue(b, off, g_slot[b % kSlots]);
+      CK(cuEventRecord(ev[2 * b + 1], stream));
+      off += kBlocks[b];
+    }
+    CK(cuStreamSynchronize(stream));
+    for (size_t b = 0; r && b < kBlocks.size(); ++b) {
+      float ms;
+      CK(cuEventElapsedTime(&ms, ev[2 * b], ev[2 * b + 1]));
+      gbps[b].push_back(kBlocks[b] / (ms * 1e6));
+    }
   }
+  return gbps;
 }
 
 // Ends a JSON line: each block's median GB/s, then "]}".
@@ -97,7 +114,7 @@ static void print_medians(std::vector<std::vector<double>>& gbps) {
 
 // Each block as `parts` DMAs at once on parts streams (forked from and joined to `main`), the
 // block's time taken on `main`: GB/s medians per block after the CPU wrote the slots (cached).
-static void split_test(CUdeviceptr d) {
+static void split_test(CUdeviceptr d, const std::vector<CUevent>& ev) {
   CUstream main;
   CK(cuStreamCreate(&main, CU_STREAM_NON_BLOCKING));
   const int kMaxParts = 4;
@@ -107,31 +124,17 @@ static void split_test(CUdeviceptr d) {
     CK(cuStreamCreate(&side[k], CU_STREAM_NON_BLOCKING));
     CK(cuEventCreate(&join[k], CU_EVENT_DISABLE_TIMING));
   }
-  std::vector<CUevent> ev(2 * kBlocks.size());
-  for (auto& e : ev) CK(cuEventCreate(&e, 0));
   for (const char* how : {"write", "write-nt"}) {
     for (int parts : {1, 2, 4}) {
-      std::vector<std::vector<double>> gbps(kBlocks.size());
-      for (int r = 0; r < kRounds + 1; ++r) {
-        CK(cuStreamSynchronize(main));
-        touch(how);
-        size_t off = 0;
-        for (size_t b = 0; b < kBlocks.size(); ++b) {
-          char* slot = g_slot[b % kSlots];
-          size_t part = kBlocks[b] / parts;
-          CK(cuEventRecord(ev[2 * b], main));
-          for (int k = 0; k < parts; ++k) {
-            CK(cuStreamWaitEvent(side[k], ev[2 * b], 0));
-            CK(cuMemcpyHtoDAsync(d + off + k * part, slot + k * part, part, side[k]));
-            CK(cuEventRecord(join[k], side[k]));
-            CK(cuStreamWaitEvent(main, join[k], 0));
-          }
-          CK(cuEventRecord(ev[2 * b + 1], main));
-          off += kBlocks[b];
+      auto gbps = block_rates(main, how, ev, [&](size_t b, size_t off, char* slot) {
+        size_t part = kBlocks[b] / parts;
+        for (int k = 0; k < parts; ++k) {
+          CK(cuStreamWaitEvent(side[k], ev[2 * b], 0));
+          CK(cuMemcpyHtoDAsync(d + off + k * part, slot + k * part, part, side[k]));
+          CK(cuEventRecord(join[k], side[k]));
+          CK(cuStreamWaitEvent(main, join[k], 0));
         }
-        CK(cuStreamSynchronize(main));
-        if (r) add_rates(gbps, ev);
-      }
+      });
       printf("{\"test\": \"split\", \"direction\": \"h2d\", \"before\": \"%s\", \"parts\": %d, \"gbps\": [", how, parts);
       print_medians(gbps);
       fflush(stdout);
@@ -155,22 +158,10 @@ int main() {
   const char* hows[] = {"none", "idle-2ms", "write", "write-nt", "write-flush", "read", "read-nta"};
   for (int h2d = 1; h2d >= 0; --h2d) {
     for (const char* how : hows) {
-      std::vector<std::vector<double>> gbps(kBlocks.size());
-      for (int r = 0; r < kRounds + 1; ++r) {
-        CK(cuStreamSynchronize(stream));
-        touch(how);
-        size_t off = 0;
-        for (size_t b = 0; b < kBlocks.size(); ++b) {
-          char* slot = g_slot[b % kSlots];
-          CK(cuEventRecord(ev[2 * b], stream));
-          if (h2d) CK(cuMemcpyHtoDAsync(d + off, slot, kBlocks[b], stream));
-          else CK(cuMemcpyDtoHAsync(slot, d + off, kBlocks[b], stream));
-          CK(cuEventRecord(ev[2 * b + 1], stream));
-          off += kBlocks[b];
-        }
-        CK(cuStreamSynchronize(stream));
-        if (r) add_rates(gbps, ev);
-      }
+      auto gbps = block_rates(stream, how, ev, [&](size_t b, size_t off, char* slot) {
+        if (h2d) CK(cuMemcpyHtoDAsync(d + off, slot, kBlocks[b], stream));
+        else CK(cuMemcpyDtoHAsync(slot, d + off, kBlocks[b], stream));
+      });
       printf("{\"test\": \"ramp\", \"direction\": \"%s\", \"before\": \"%s\", \"block_kib\": [", h2d ? "h2d" : "d2h", how);
       for (size_t b = 0; b < kBlocks.size(); ++b) printf("%s%zu", b ? ", " : "", kBlocks[b] / KIB);
       printf("], \"gbps\": [");
@@ -178,6 +169,6 @@ int main() {
       fflush(stdout);
     }
   }
-  split_test(d);
+  split_test(d, ev);
   return 0;
 }
