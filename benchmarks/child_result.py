@@ -25,3 +25,13 @@ def run(cmd: Sequence[str], env: Mapping[str, str] | None = None) -> tuple[Any, 
     proc = subprocess.run(list(cmd), capture_output=True, text=True, env=None if env is None else dict(env))
     line = next((x for x in proc.stdout.splitlines() if x.startswith(PREFIX)), None)
     return (json.loads(line[len(PREFIX):]) if line and not proc.returncode else None), proc
+
+
+def variant_env(variant: str, known: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
+    """A --variants entry's switches: a name from `known`, or the switches themselves written
+    VAR=VALUE[+VAR=VALUE...] (e.g. CMT_CONFIG=benchmarks/ab-configs/h2d64-t16.json+CMT_SPIN_YIELD=0)."""
+    if variant in known:
+        return dict(known[variant])
+    if "=" not in variant:
+        raise SystemExit(f"unknown variant {variant!r}: one of {', '.join(known)}, or VAR=VALUE[+VAR=VALUE...]")
+    return dict(item.split("=", 1) for item in variant.split("+"))

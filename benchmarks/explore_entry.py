@@ -21,7 +21,8 @@ import time
 import child_result
 
 VARIANTS = {"default": {}, "entry-stream": {"CMT_ENTRY": "stream"}, "no-spin-tail": {"CMT_SPIN_TAIL": "0"},
-            "stream-up": {"CMT_RAMP_STREAM": "3"}, "disabled": {"CMT_DISABLE": "1"}}
+            "stream-up": {"CMT_RAMP_STREAM": "3"}, "disabled": {"CMT_DISABLE": "1"},
+            "no-spin-yield": {"CMT_SPIN_YIELD": "0"}}
 
 
 def child(size: int, rounds: int) -> dict:
@@ -102,7 +103,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--size-mib", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--variants", default="default,entry-stream", help=", ".join(VARIANTS))
+    ap.add_argument("--variants", default="default,entry-stream",
+                    help=", ".join(VARIANTS) + ", or VAR=VALUE[+VAR=VALUE...]")
     ap.add_argument("--out", default="entry.json")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -112,7 +114,7 @@ def main() -> None:
         return
     out = []
     for variant in args.variants.split(","):
-        env = {**os.environ, **VARIANTS[variant]}
+        env = {**os.environ, **child_result.variant_env(variant, VARIANTS)}
         res, proc = child_result.run([*child_result.UNDER_CMT, sys.executable, __file__, "--child",
                                       "--size-mib", str(args.size_mib), "--rounds", str(args.rounds)], env)
         if res is None:

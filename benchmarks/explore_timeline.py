@@ -40,7 +40,7 @@ VARIANTS = {"default": {}, "spin": {"CMT_SPIN_US": "20000"}, "nospin": {"CMT_SPI
             "window-start": {"CMT_WINDOW_FLIP": "0"},
             "tail-kept": {"CMT_DEMOTE_TAIL": "0"}, "ramp-down": {"CMT_RAMP_DOWN": "1"},
             "old-defaults": {"CMT_DEMOTE_TAIL": "0", "CMT_RAMP_STREAM": "1", "CMT_RAMP_DOWN": "1"},
-            "no-spin-tail": {"CMT_SPIN_TAIL": "0"}}
+            "no-spin-tail": {"CMT_SPIN_TAIL": "0"}, "no-spin-yield": {"CMT_SPIN_YIELD": "0"}}
 
 
 def us(ns: float) -> float:
@@ -91,7 +91,7 @@ def summarise(tl: dict, t_call: int, t_synced: int, t_returned: int) -> dict:
     }
 
 
-def child(size: int, direction: str, repeats: int, rotate: int) -> list[dict]:
+def child(size: int, direction: str, repeats: int, rotate: int, grid: list[tuple]) -> list[dict]:
     import torch
 
     from cmt import native
@@ -113,7 +113,7 @@ def child(size: int, direction: str, repeats: int, rotate: int) -> list[dict]:
         return statistics.median(times[2:]) / 1e9
 
     results = []
-    for threads, buffers, chunk, nt in GRID[(direction, size)]:
+    for threads, buffers, chunk, nt in grid:
         pinned_s = pinned_seconds()  # alongside each setting: the link's rate drifts within a process
         runs = []
         for i in range(repeats + 2):
@@ -135,35 +135,48 @@ def child(size: int, direction: str, repeats: int, rotate: int) -> list[dict]:
     return results
 
 
+def parse_settings(text: str) -> list[tuple]:
+    """"8:4:8,16:4:8:nt" -> [(8, 4, 8 MiB, False), (16, 4, 8 MiB, True)]"""
+    grid = []
+    for item in text.split(","):
+        t, b, c, *nt = item.split(":")
+        grid.append((int(t), int(b), int(float(c) * MIB), nt == ["nt"]))
+    return grid
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--rotate", type=int, default=1,
                     help="host buffers used in turn (8: sources not in the CPU's caches)")
-    ap.add_argument("--variants", default="default,spin", help="environments to run: " + ", ".join(VARIANTS))
+    ap.add_argument("--variants", default="default,spin",
+                    help="environments to run: " + ", ".join(VARIANTS) + ", or VAR=VALUE[+VAR=VALUE...]")
     ap.add_argument("--only", help="directions and sizes in MiB, e.g. h2d:64,d2h:64")
-    ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--settings", help="engine settings to try instead of GRID's, THREADS:BUFFERS:CHUNK_MIB[:nt] "
+                    "separated by commas, e.g. 8:4:8,16:4:8:nt")
+    ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         size, direction, repeats, rotate = int(args.child[0]), args.child[1], int(args.child[2]), int(args.child[3])
-        child_result.emit(child(size, direction, repeats, rotate))
+        child_result.emit(child(size, direction, repeats, rotate, json.loads(args.child[4])))
         return
     out = []
     for variant in args.variants.split(","):
-        extra = VARIANTS[variant]
+        extra = child_result.variant_env(variant, VARIANTS)
         name = ",".join(f"{k}={v}" for k, v in extra.items()) or "default"
         for direction, size in GRID:
             if args.only and f"{direction}:{size // MIB}" not in args.only.split(","):
                 continue
             env = {**os.environ, "CMT_TRACE": "1", **extra}
+            grid = parse_settings(args.settings) if args.settings else GRID[(direction, size)]
             results, proc = child_result.run([sys.executable, __file__, "--child", str(size), direction, "9",
-                                              str(args.rotate)], env)
+                                              str(args.rotate), json.dumps(grid)], env)
             if results is None:
                 print(name, direction, size, "FAILED", proc.stderr[-1500:])
                 continue
             for res in results:
                 out.append({"variant": name, "direction": direction, "size": size, "rotate": args.rotate, **res})
-                print(f"{variant[:18]:18} {direction} {size // MIB:3}M t{res['threads']:>2} b{res['buffers']:>2} "
+                print(f"{variant[-24:]:24} {direction} {size // MIB:3}M t{res['threads']:>2} b{res['buffers']:>2} "
                       f"c{res['chunk'] // MIB}M{' nt' if res['stream_stores'] else '   '} {res['gbps']:5.1f} GB/s "
                       f"({res['ratio']:.0%} of pinned {res['pinned_gbps']}) | start {res['lane_start_median']}"
                       f"/{res['lane_start_max']} q {res['first_dma_queued']}-{res['last_dma_queued']} "

@@ -4,6 +4,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 spec = importlib.util.spec_from_file_location("child_result", BENCHMARKS / "child_result.py")
 child_result = importlib.util.module_from_spec(spec)
@@ -30,3 +32,12 @@ def test_the_childs_environment_is_the_one_given():
     result, _ = child_result.run(child("import os; child_result.emit(os.environ.get('CMT_X'))"),
                                  {"CMT_X": "7", "PATH": "/usr/bin:/bin"})
     assert result == "7"
+
+
+def test_a_variant_is_a_known_name_or_its_switches_written_out():
+    known = {"default": {}, "no-tail": {"CMT_SPIN_TAIL": "0"}}
+    assert child_result.variant_env("no-tail", known) == {"CMT_SPIN_TAIL": "0"}
+    assert child_result.variant_env("CMT_CONFIG=a=b.json+CMT_SPIN_YIELD=0", known) == {
+        "CMT_CONFIG": "a=b.json", "CMT_SPIN_YIELD": "0"}
+    with pytest.raises(SystemExit, match="unknown variant 'nonsense'"):
+        child_result.variant_env("nonsense", known)

@@ -66,6 +66,18 @@ std::chrono::microseconds spin_time() {
 // after the lanes' spin_time() has run out, and every copy paid the workers' wake-up before its
 // first DMA. So after a host-to-device copy the workers also spin through the DMAs that may still
 // be queued, estimated at kTailGBps and capped at kMaxTailSpin (CMT_SPIN_TAIL=0: they do not).
+// CMT_TEST_LATE_START_US (for the tests): every worker starts that late on each copy, as one the
+// scheduler leaves waiting would.
+std::chrono::microseconds late_start() {
+  static const long us = std::max(0L, env::number("CMT_TEST_LATE_START_US", 0));
+  return std::chrono::microseconds(us);
+}
+
+constexpr std::chrono::microseconds kSpinYield{50};
+bool spin_yields() {  // CMT_SPIN_YIELD=0: the idle spin never yields (as before 2026-12-03 evening)
+  static const bool on = env::number("CMT_SPIN_YIELD", 1) != 0;
+  return on;
+}
 constexpr double kTailGBps = 25;  // below the Gen5 links' rate: the spin rather outlasts the DMAs
 constexpr std::chrono::microseconds kMaxTailSpin{2000};
 bool spin_through_tail() {
@@ -189,7 +201,6 @@ struct Job {
   size_t tail_below = 0;              // blocks before this one are staged at the end of their window
   size_t window = 0;                  // the part of every slot this copy uses: [window, window + window_bytes)
   size_t window_bytes = 0;
-  std::atomic<int> remaining{0};
   std::atomic<CUresult> error{CUDA_SUCCESS};
   Clock::duration spin_tail{};  // how long the workers spin beyond spin_time() (spin_through_tail)
 
@@ -340,6 +351,15 @@ class Engine {
   int workers_ = 0;                        // worker threads started (lanes 1..workers_)
   Job job_;
   std::atomic<uint64_t> ticket_{0};  // (generation << 8) | lanes of the current job
+  // Which workers a copy waits for: (generation << 16) | workers inside | kDoorClosed. A worker
+  // enters its copy only while the door is open; the caller closes it once every piece is claimed
+  // and then waits for the workers inside alone. A worker the scheduler wakes late thus finds the
+  // door closed and never holds a copy up (measured on the H200 host: lanes starting 2.5 ms late,
+  // and their copies waiting for them, in whole processes).
+  std::atomic<uint64_t> door_{0};
+  static constexpr uint64_t kDoorClosed = uint64_t(1) << 15;
+  bool enter(uint64_t gen);
+  void leave() { door_.fetch_sub(1, std::memory_order_release); }
   std::atomic<Clock::rep> returned_at_{0};  // when the copy of generation returned_gen_ returned
   std::atomic<uint64_t> returned_gen_{0};
   std::mutex wake_mutex_;
@@ -420,12 +440,19 @@ void Engine::worker_main(int index, uint64_t seen) {
   for (;;) {
     uint64_t t = ticket_.load(std::memory_order_acquire);
     if ((t >> 8) == seen) {
-      // Spin until spin_time() + tail after the copy returned (which it does once every lane is done).
+      // Spin until spin_time() + tail after the copy returned (which it does once every lane is done),
+      // offering the CPU to any other thread every kSpinYield: a thread of the program, or a lane of
+      // the next copy, that the scheduler put on this CPU would otherwise wait for the whole spin.
+      Clock::time_point next_yield = Clock::now() + kSpinYield;
       while (spin && (ticket_.load(std::memory_order_acquire) >> 8) == seen) {
+        Clock::time_point now = Clock::now();
         if (returned_gen_.load(std::memory_order_acquire) == seen &&
-            Clock::now() >= Clock::time_point(Clock::duration(returned_at_.load(std::memory_order_relaxed))) +
-                                spin_time() + tail) {
+            now >= Clock::time_point(Clock::duration(returned_at_.load(std::memory_order_relaxed))) + spin_time() + tail) {
           break;
+        }
+        if (now >= next_yield && spin_yields()) {
+          sched_yield();
+          next_yield = now + kSpinYield;
         }
         cpu_relax();
       }
@@ -436,13 +463,14 @@ void Engine::worker_main(int index, uint64_t seen) {
     }
     seen = t >> 8;
     spin = index < static_cast<int>(t & 0xff);
-    if (!spin) continue;  // not needed for this copy
+    if (spin && late_start().count()) std::this_thread::sleep_for(late_start());
+    if (!spin || !enter(seen)) continue;  // not needed for this copy, or it no longer needs this worker
     if (thread_ctx_[index] != job_.ctx) {
       bool first = thread_ctx_[index] == nullptr;
       CUresult r = d_.cuCtxSetCurrent(job_.ctx);
       if (r != CUDA_SUCCESS) {
         fail(r);
-        job_.remaining.fetch_sub(1, std::memory_order_release);
+        leave();
         continue;
       }
       thread_ctx_[index] = job_.ctx;
@@ -454,8 +482,16 @@ void Engine::worker_main(int index, uint64_t seen) {
     }
     run_lane(index);
     tail = job_.spin_tail;  // read before the copy may end and the next one replace job_
-    job_.remaining.fetch_sub(1, std::memory_order_release);
+    leave();
   }
+}
+
+bool Engine::enter(uint64_t gen) {
+  uint64_t d = door_.load(std::memory_order_acquire);
+  while ((d >> 16) == (gen << 16 >> 16) && !(d & kDoorClosed)) {
+    if (door_.compare_exchange_weak(d, d + 1, std::memory_order_acq_rel)) return true;
+  }
+  return false;
 }
 
 // Spins until the slot's DMA for `round` has been queued; false if the copy failed meanwhile.
@@ -729,16 +765,17 @@ CUresult Engine::copy(const CopyRequest& req) {
     }
   }
   while (workers_ < lanes - 1) start_worker(++workers_);
-  j.remaining.store(lanes - 1, std::memory_order_relaxed);
   if (lanes > 1) {
     uint64_t gen = (ticket_.load(std::memory_order_relaxed) >> 8) + 1;
+    door_.store(gen << 16, std::memory_order_release);  // open, nobody inside
     ticket_.store((gen << 8) | static_cast<uint64_t>(lanes), std::memory_order_release);
     { std::lock_guard<std::mutex> wake(wake_mutex_); }
     wake_cv_.notify_all();
   }
-  run_lane(0);
+  run_lane(0);  // returns once every piece is claimed (or the copy failed)
+  door_.fetch_or(kDoorClosed, std::memory_order_acq_rel);
   Backoff backoff;
-  while (j.remaining.load(std::memory_order_acquire) != 0) backoff.pause();
+  while ((door_.load(std::memory_order_acquire) & (kDoorClosed - 1)) != 0) backoff.pause();
   if (lanes > 1) {  // the workers' spin runs from now
     returned_at_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
     returned_gen_.store(ticket_.load(std::memory_order_relaxed) >> 8, std::memory_order_release);
