@@ -1,7 +1,10 @@
 """The core's acceptance measurements (issue 2), side by side in one run on a GPU machine.
 
-Runs the same PyTorch measurement program twice, plainly and under `cmt run`, and writes one
-JSON with both and the ratios: pageable copies of 64 MiB and 1 GiB each way, device-to-host into
+Runs the same PyTorch measurement program plainly and under `cmt run`, in --processes pairs of
+processes taken in turn (3 by default: single processes on the H200 machine spread by up to 20
+points as the host's load moves), and writes one JSON with each side's medians over its processes,
+each process's figures, and the ratios (each the median over the cmt processes of the ratio within
+the process, with their spread): pageable copies of 64 MiB and 1 GiB each way, device-to-host into
 never-touched memory, pinned copies (the link's limit, measured in both runs), PyTorch
 `.to('cuda')`/`.cpu()` of 1 GiB, and 10^5 copies of 4 KiB (below the pass-through size). The
 pageable copies are PyTorch's `copy_`, and (where CuPy is installed) the runtime's `cudaMemcpy`
@@ -41,11 +44,25 @@ def host_timed(fn, repeat: int) -> list[float]:
     return times
 
 
+def host_memcpy_gbps(size: int = 64 * MIB, repeat: int = 5) -> float:
+    """One CPU thread's memcpy rate, a gauge of how busy the host's memory is while this process runs."""
+    import numpy as np
+
+    src = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)
+    dst = np.empty_like(src)
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - t)
+    return size / statistics.median(times) / 1e9
+
+
 def measure() -> dict:
     import torch
 
     torch.cuda.init()
-    results: dict[str, dict] = {}
+    results: dict[str, dict] = {"host_memcpy_64MiB": {"bytes": 64 * MIB, "gbps": host_memcpy_gbps()}}
 
     def event_timed(fn, repeat):
         times = []
@@ -150,6 +167,25 @@ def measure_small() -> dict:
                               "us_per_copy": statistics.median(runs) / 1e5 * 1e6}}
 
 
+def medians(runs: list[dict]) -> dict:
+    """One side's figures over its processes: per measurement, the median GB/s and the processes'
+    range and values."""
+    out = {}
+    for key, first in runs[0].items():
+        gbps = [r[key]["gbps"] for r in runs]
+        med = statistics.median(gbps)
+        out[key] = {**first, "gbps": med, "median_s": first["bytes"] / med / 1e9, "min_gbps": min(gbps),
+                    "max_gbps": max(gbps), "runs_gbps": [round(x, 2) for x in gbps]}
+    return out
+
+
+def ratio_fields(name: str, runs: list[dict], got: str, pinned: str) -> dict:
+    """got / pinned within each process (each process measured both), as the median over the
+    processes, with each process's ratio."""
+    ratios = [r[got]["gbps"] / r[pinned]["gbps"] for r in runs]
+    return {name: round(statistics.median(ratios), 3), f"{name}_runs": [round(x, 3) for x in ratios]}
+
+
 def machine() -> dict:
     info = {"host": platform.node(), "cpu_count": os.cpu_count(), "python": platform.python_version()}
     try:
@@ -164,15 +200,20 @@ def machine() -> dict:
             info["cpu"] = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    import torch
+    try:
+        import torch
 
-    info["torch"] = torch.__version__
+        info["torch"] = torch.__version__
+    except ImportError:
+        pass
     return info
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="core-acceptance.json")
+    ap.add_argument("--processes", type=int, default=3,
+                    help="plain and cmt processes for the large copies, taken in turn (default 3)")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--inner-small", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -187,8 +228,12 @@ def main() -> None:
         return result, proc.stderr
 
     under_cmt = child_result.UNDER_CMT
-    plain, _ = run([])
-    cmt, cmt_stderr = run(under_cmt)
+    runs: dict[str, list[dict]] = {"plain": [], "cmt": []}
+    for _ in range(args.processes):
+        runs["plain"].append(run([])[0])
+        result, cmt_stderr = run(under_cmt)
+        runs["cmt"].append(result)
+    plain, cmt = medians(runs["plain"]), medians(runs["cmt"])
     # Small copies differ by less than processes do from one another (8.6-12.2 µs per copy for the
     # same side on the H200 machine): alternate plain and cmt processes, keep each side's median,
     # and the median of the pairs' ratios.
@@ -203,7 +248,9 @@ def main() -> None:
     rows = {}
     for key in plain:
         p, c = plain[key], cmt[key]
-        if "gbps" in p:
+        if key == "host_memcpy_64MiB":  # not a copy cmt makes: how busy the host was in each side's processes
+            rows[key] = {"default_process_gbps": p["runs_gbps"], "cmt_process_gbps": c["runs_gbps"]}
+        elif "gbps" in p:
             rows[key] = {"default_gbps": round(p["gbps"], 2), "cmt_gbps": round(c["gbps"], 2),
                          "speedup": round(c["gbps"] / p["gbps"], 2)}
         else:
@@ -216,18 +263,19 @@ def main() -> None:
     for tag in ("64MiB", "1GiB"):
         for d in ("h2d", "d2h"):
             if f"{d}_cudamemcpy_pinned_{tag}" in cmt:  # cudaMemcpy against cudaMemcpy, in the cmt run
-                row = rows[f"{d}_cudamemcpy_pageable_{tag}"]
-                row["cmt_vs_pinned_cudamemcpy"] = round(
-                    cmt[f"{d}_cudamemcpy_pageable_{tag}"]["gbps"] / cmt[f"{d}_cudamemcpy_pinned_{tag}"]["gbps"], 3)
-            row, got = rows[f"{d}_pageable_{tag}"], cmt[f"{d}_pageable_{tag}"]["gbps"]
-            pinned, pinned_host = cmt[f"{d}_pinned_{tag}"]["gbps"], cmt[f"{d}_pinned_host_{tag}"]["gbps"]
-            row["pinned_gbps_same_run"] = round(pinned, 2)  # GPU events: the DMA alone
-            row["cmt_vs_pinned"] = round(got / pinned, 3)
-            row["pinned_host_timed_gbps"] = round(pinned_host, 2)  # timed as the pageable copies are
-            row["cmt_vs_pinned_host_timed"] = round(got / pinned_host, 3)
+                rows[f"{d}_cudamemcpy_pageable_{tag}"].update(ratio_fields(
+                    "cmt_vs_pinned_cudamemcpy", runs["cmt"], f"{d}_cudamemcpy_pageable_{tag}",
+                    f"{d}_cudamemcpy_pinned_{tag}"))
+            row = rows[f"{d}_pageable_{tag}"]
+            row["pinned_gbps_same_run"] = round(cmt[f"{d}_pinned_{tag}"]["gbps"], 2)  # GPU events: the DMA alone
+            row.update(ratio_fields("cmt_vs_pinned", runs["cmt"], f"{d}_pageable_{tag}", f"{d}_pinned_{tag}"))
+            # pinned copies timed as the pageable copies are
+            row["pinned_host_timed_gbps"] = round(cmt[f"{d}_pinned_host_{tag}"]["gbps"], 2)
+            row.update(ratio_fields("cmt_vs_pinned_host_timed", runs["cmt"], f"{d}_pageable_{tag}",
+                                    f"{d}_pinned_host_{tag}"))
     doc = {"benchmark": "core_acceptance", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
            "machine": machine(), "config": os.environ.get("CMT_CONFIG", "automatic (cmt config show)"),
-           "summary": rows, "plain": plain, "cmt": cmt,
+           "processes": args.processes, "summary": rows, "plain": plain, "cmt": cmt, "runs": runs,
            "cmt_stats": [x for x in cmt_stderr.splitlines() if "stats" in x or "copies" in x]}
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=2)

@@ -22,9 +22,9 @@ for step in "${steps[@]}"; do
     gputests) timeout 400 python3 -m pytest -m gpu tests -q -x -p no:cacheprovider 2>&1 | tee "$R/gpu-tests.log" | tail -8 ;;
     torchtests) timeout 200 python3 -m pytest -m gpu tests/gpu/test_gpu_profile.py -k "profile or torch" -q -x \
       -p no:cacheprovider tests/gpu/test_gpu_frameworks.py 2>&1 | tee "$R/gpu-tests-torch.log" | tail -8 ;;
-    core) timeout 240 python3 benchmarks/core_acceptance.py --out "$R/core-acceptance.json" 2>&1 | tail -16 ;;
+    core) timeout 420 python3 benchmarks/core_acceptance.py --out "$R/core-acceptance.json" 2>&1 | tail -16 ;;
     coretuned)  # the acceptance under tunefull's file
-      CMT_CONFIG="$R/tuned-full.json" timeout 240 python3 benchmarks/core_acceptance.py \
+      CMT_CONFIG="$R/tuned-full.json" timeout 420 python3 benchmarks/core_acceptance.py \
         --out "$R/core-acceptance-tuned.json" 2>&1 | tail -16 ;;
     benchcopy) timeout 150 python3 -m cmt bench copy --out "$R/copy" 2>&1 | tail -40 ;;
     workloads) timeout 420 python3 -m cmt bench workloads --out "$R/workloads" 2>&1 | tail -20 ;;
