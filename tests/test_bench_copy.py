@@ -218,7 +218,7 @@ def test_real_gpu_quick_sweep(tmp_path: Path):
     assert all(r["median_gbps"] > 1 for r in pinned)
 
 
-def test_engine_timeline_shows_every_lane_and_block(run_python):
+def test_engine_timeline_shows_the_lanes_and_every_block(run_python):
     """CMT_TRACE=1: the last copy's steps, as used to tune the engine on a GPU machine."""
     code = """
 import json, time
@@ -243,7 +243,11 @@ with copy_sweep.CopyBench(drv, dev, 8 << 20) as b:
         steps = tl["steps"]
         names = [s[2] for s in steps]
         assert names[0] == "copy_start" and names[-1] == "copy_end"
-        assert sorted(s[1] for s in steps if s[2] == "lane_start") == [0, 1, 2]
+        # The calling thread always works; a worker only if it entered before every piece was claimed
+        # (on a loaded machine the caller may claim the last piece first), and then it starts and ends.
+        started = sorted(s[1] for s in steps if s[2] == "lane_start")
+        assert started[0] == 0 and set(started) <= {0, 1, 2} and len(set(started)) == len(started)
+        assert started == sorted(s[1] for s in steps if s[2] == "lane_end")
         assert sorted(s[3] for s in steps if s[2] == "dma_queued") == list(range(8))
         times = [s[0] for s in steps]
         assert tl["t0"] <= times[0] <= times[-1] <= time.monotonic_ns()
