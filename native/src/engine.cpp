@@ -66,23 +66,25 @@ std::chrono::microseconds spin_time() {
 // after the lanes' spin_time() has run out, and every copy paid the workers' wake-up before its
 // first DMA. So after a host-to-device copy the workers also spin through the DMAs that may still
 // be queued, estimated at kTailGBps and capped at kMaxTailSpin (CMT_SPIN_TAIL=0: they do not).
-// CMT_TEST_LATE_START_US (for the tests): every worker starts that late on each copy, as one the
-// scheduler leaves waiting would.
-std::chrono::microseconds late_start() {
-  static const long us = std::max(0L, env::number("CMT_TEST_LATE_START_US", 0));
-  return std::chrono::microseconds(us);
-}
-
-constexpr std::chrono::microseconds kSpinYield{50};
-bool spin_yields() {  // CMT_SPIN_YIELD=0: the idle spin never yields (as before 2026-12-03 evening)
-  static const bool on = env::number("CMT_SPIN_YIELD", 1) != 0;
-  return on;
-}
 constexpr double kTailGBps = 25;  // below the Gen5 links' rate: the spin rather outlasts the DMAs
 constexpr std::chrono::microseconds kMaxTailSpin{2000};
 bool spin_through_tail() {
   static const bool on = env::number("CMT_SPIN_TAIL", 1) != 0;
   return on;
+}
+
+// Spinning workers offer their CPU to other threads every kSpinYield (CMT_SPIN_YIELD=0: never).
+constexpr std::chrono::microseconds kSpinYield{50};
+bool spin_yields() {
+  static const bool on = env::number("CMT_SPIN_YIELD", 1) != 0;
+  return on;
+}
+
+// CMT_TEST_LATE_START_US (for the tests): every worker starts that late on each copy, as one the
+// scheduler leaves waiting would.
+std::chrono::microseconds late_start() {
+  static const long us = std::max(0L, env::number("CMT_TEST_LATE_START_US", 0));
+  return std::chrono::microseconds(us);
 }
 
 // ---- destination pre-faulting ---------------------------------------------------------------
