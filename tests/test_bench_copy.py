@@ -427,3 +427,12 @@ print(json.dumps(seconds))
     assert proc.returncode == 0, proc.stderr
     seconds = json.loads(proc.stdout.strip().splitlines()[-1])
     assert max(seconds) < 0.15, seconds
+
+
+def test_host_to_device_ramp_repeats_its_last_step_when_asked(run_python):
+    """CMT_RAMP_REPEAT=1 (an experiment): a host-to-device ramp takes its last step twice before the
+    full blocks; device-to-host copies are unchanged."""
+    h2d, d2h = traced_copies(run_python, ("h2d", "d2h"), threads=3, env={"CMT_RAMP_REPEAT": "1"})
+    up = [128 << 10, 256 << 10, 512 << 10]
+    assert h2d["block_bytes"] == up + [512 << 10] + [1 << 20] * 6 + [640 << 10]
+    assert d2h["block_bytes"] == up + [1 << 20] * 6 + [576 << 10, 320 << 10, 128 << 10, 128 << 10]

@@ -79,7 +79,10 @@ def eager_servers(fake_driver_dir):
                                            CMT_PIECE="4096"),
                # host-to-device copies with a ramp down, as device-to-host ones have
                "ramp-down": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN.replace(",stream", ""),
-                                       CMT_PIECE="4096", CMT_RAMP_DOWN="1")}
+                                       CMT_PIECE="4096", CMT_RAMP_DOWN="1"),
+               # an experiment: host-to-device ramps take their last step twice
+               "ramp-repeat": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN.replace(",stream", ""),
+                                         CMT_PIECE="4096", CMT_RAMP_REPEAT="1")}
     yield servers
     for s in servers.values():
         s.close()
@@ -108,7 +111,7 @@ SIZES = st.one_of(
        stream=st.sampled_from(["null", "legacy", "per_thread", "blocking", "nonblocking"]),
        seed=st.integers(0, 2**32),
        geometry=st.sampled_from(["uniform", "ramped", "entry-on-stream", "ramp-head", "window-flip",
-                                  "ramped-cached", "ramp-down"]))
+                                  "ramped-cached", "ramp-down", "ramp-repeat"]))
 def test_bytes_exact_at_any_size_and_offset(eager_servers, size, host_off, dev_off, pair, stream, seed, geometry):
     r = eager_servers[geometry]("roundtrip", size=size, host_off=host_off, dev_off=dev_off, h2d=pair[0], d2h=pair[1],
                      stream=stream, seed=seed)
@@ -116,7 +119,8 @@ def test_bytes_exact_at_any_size_and_offset(eager_servers, size, host_off, dev_o
     assert outcome(r, "h2d") == {"accelerated": 1} and outcome(r, "d2h") == {"accelerated": 1}
 
 
-@pytest.mark.parametrize("geometry", ["ramped", "ramp-head", "window-flip", "ramped-cached", "ramp-down"])
+@pytest.mark.parametrize("geometry", ["ramped", "ramp-head", "window-flip", "ramped-cached", "ramp-down",
+                                      "ramp-repeat"])
 def test_bytes_exact_through_every_kind_of_block(eager_servers, geometry):
     """A size that ramps up, runs full blocks and ramps down, with data unlike what the slots held:
     a block staged at the wrong place in its slot cannot pass."""

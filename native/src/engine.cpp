@@ -245,7 +245,14 @@ void Job::cut(size_t chunk, bool ramp, int lanes) {
   // last copy-out runs alone after the last DMA.
   static const bool h2d_down = env::number("CMT_RAMP_DOWN", 0) != 0;
   const bool down = ramp && (h2d_down || dir != Direction::HtoD);
-  for (size_t s = first; s < chunk && rem; s *= 2) take(s);  // ramp up
+  size_t last_step = 0;
+  for (size_t s = first; s < chunk && rem; s *= 2) take(last_step = s);  // ramp up
+  // CMT_RAMP_REPEAT=1 (an experiment): host-to-device ramps take their last step twice. With 8
+  // lanes, which fill about as fast as the link drains, the copy engine sat idle 14-160 µs after the
+  // last ramp block, waiting for the first full one (timeline-door.json): a second half-size block
+  // gives the lanes that time.
+  static const bool repeat_last = env::number("CMT_RAMP_REPEAT", 0) != 0;
+  if (repeat_last && last_step && dir == Direction::HtoD && rem) take(last_step);
   const size_t ramp_up_end = block_off.size() - 1;
   ramp_up_blocks = ramp ? ramp_up_end : 0;
   while (rem > (down ? 2 * chunk : 0)) take(chunk);           // full blocks
