@@ -139,8 +139,13 @@ def parse_settings(text: str) -> list[tuple]:
     """"8:4:8,16:4:8:nt" -> [(8, 4, 8 MiB, False), (16, 4, 8 MiB, True)]"""
     grid = []
     for item in text.split(","):
-        t, b, c, *nt = item.split(":")
-        grid.append((int(t), int(b), int(float(c) * MIB), nt == ["nt"]))
+        try:
+            t, b, c, *nt = item.split(":")
+            grid.append((int(t), int(b), int(float(c) * MIB), nt == ["nt"]))
+        except ValueError:
+            raise SystemExit(f"--settings: {item!r} is not THREADS:BUFFERS:CHUNK_MIB[:nt]") from None
+        if nt not in ([], ["nt"]):
+            raise SystemExit(f"--settings: {item!r} is not THREADS:BUFFERS:CHUNK_MIB[:nt]")
     return grid
 
 
