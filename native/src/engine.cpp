@@ -748,8 +748,8 @@ CUresult Engine::copy(const CopyRequest& req) {
   j.prefault = prefault;
   j.spin_tail = {};
   if (req.dir == Direction::HtoD && spin_through_tail()) {
-    size_t queued = 0;  // at most the last ring's blocks still wait for the copy engine when the lanes end
-    for (size_t b = j.blocks - static_cast<size_t>(slots); b < j.blocks; ++b) queued += j.block_len(b);
+    // at most the last ring's blocks still wait for the copy engine when the lanes end
+    const size_t queued = j.bytes - j.block_off[j.blocks - static_cast<size_t>(slots)];
     j.spin_tail = std::min<Clock::duration>(std::chrono::nanoseconds(static_cast<long>(queued / kTailGBps)), kMaxTailSpin);
   }
   int lanes = static_cast<int>(std::min<size_t>(threads, j.pieces));
@@ -782,10 +782,11 @@ CUresult Engine::copy(const CopyRequest& req) {
     wake_cv_.notify_all();
   }
   run_lane(0);  // returns once every piece is claimed (or the copy failed)
-  door_.fetch_or(kDoorClosed, std::memory_order_acq_rel);
-  Backoff backoff;
-  while ((door_.load(std::memory_order_acquire) & (kDoorClosed - 1)) != 0) backoff.pause();
-  if (lanes > 1) {  // the workers' spin runs from now
+  if (lanes > 1) {
+    door_.fetch_or(kDoorClosed, std::memory_order_acq_rel);
+    Backoff backoff;
+    while ((door_.load(std::memory_order_acquire) & (kDoorClosed - 1)) != 0) backoff.pause();
+    // the workers' spin runs from now
     returned_at_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
     returned_gen_.store(ticket_.load(std::memory_order_relaxed) >> 8, std::memory_order_release);
   }

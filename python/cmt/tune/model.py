@@ -105,10 +105,9 @@ def cut(nbytes: int, chunk: int, ramp: bool, down: bool = True) -> list[tuple[in
         take(size)
         size *= 2
     down = ramp and down
-    if not down:
-        if rem >= chunk:
-            take(chunk, rem // chunk)
-    elif rem > 2 * chunk:  # full blocks, leaving the ramp down its bytes
+    if not down and rem >= chunk:  # full blocks to the end
+        take(chunk, rem // chunk)
+    elif down and rem > 2 * chunk:  # full blocks, leaving the ramp down its bytes
         take(chunk, -(-(rem - 2 * chunk) // chunk))
     while down and rem > first:  # ramp down: halve what is left
         take(min(chunk, (rem // 2 + piece - 1) // piece * piece))
