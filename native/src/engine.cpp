@@ -250,7 +250,9 @@ void Job::cut(size_t chunk, bool ramp, int lanes) {
   // CMT_RAMP_REPEAT=1 (an experiment): host-to-device ramps take their last step twice. With 8
   // lanes, which fill about as fast as the link drains, the copy engine sat idle 14-160 µs after the
   // last ramp block, waiting for the first full one (timeline-door.json): a second half-size block
-  // gives the lanes that time.
+  // gives the lanes that time. Not conclusive on the H200 host (2026-12-03, 64 MiB, cmt / pinned):
+  // timeline 86, 92% against 82, 89% and PyTorch's copy_ 82-89% against 81-86% (entry-ramp-repeat.json),
+  // but cmt bench copy 87% against 87% over three processes each (ab-ramp-repeat/).
   static const bool repeat_last = env::number("CMT_RAMP_REPEAT", 0) != 0;
   if (repeat_last && last_step && dir == Direction::HtoD && rem) take(last_step);
   const size_t ramp_up_end = block_off.size() - 1;
