@@ -20,10 +20,6 @@ import time
 
 import child_result
 
-VARIANTS = {"default": {}, "entry-stream": {"CMT_ENTRY": "stream"}, "no-spin-tail": {"CMT_SPIN_TAIL": "0"},
-            "stream-up": {"CMT_RAMP_STREAM": "3"}, "disabled": {"CMT_DISABLE": "1"},
-            "no-spin-yield": {"CMT_SPIN_YIELD": "0"}}
-
 
 def child(size: int, rounds: int) -> dict:
     import torch
@@ -104,7 +100,7 @@ def main() -> None:
     ap.add_argument("--size-mib", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--variants", default="default,entry-stream",
-                    help=", ".join(VARIANTS) + ", or VAR=VALUE[+VAR=VALUE...]")
+                    help=child_result.VARIANTS_HELP)
     ap.add_argument("--out", default="entry.json")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -114,7 +110,7 @@ def main() -> None:
         return
     out = []
     for variant in args.variants.split(","):
-        env = {**os.environ, **child_result.variant_env(variant, VARIANTS)}
+        env = {**os.environ, **child_result.variant_env(variant)}
         res, proc = child_result.run([*child_result.UNDER_CMT, sys.executable, __file__, "--child",
                                       "--size-mib", str(args.size_mib), "--rounds", str(args.rounds)], env)
         if res is None:

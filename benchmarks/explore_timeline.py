@@ -31,16 +31,6 @@ GRID = {
     ("d2h", 64 * MIB): [(6, 4, 4 * MIB, False), (10, 4, 8 * MIB, False), (14, 8, 4 * MIB, False),
                         (12, 16, 2 * MIB, False)],
 }
-VARIANTS = {"default": {}, "spin": {"CMT_SPIN_US": "20000"}, "nospin": {"CMT_SPIN_US": "0"},
-            "stream-down": {"CMT_RAMP_STREAM": "1"},
-            "stream-ramps": {"CMT_RAMP_STREAM": "2"},
-            "stream-down-full1": {"CMT_RAMP_STREAM": "1", "CMT_RAMP_STREAM_FULL": "1"},
-            "stream-down-full2": {"CMT_RAMP_STREAM": "1", "CMT_RAMP_STREAM_FULL": "2"},
-            "stream-up": {"CMT_RAMP_STREAM": "3"}, "ramp-head": {"CMT_RAMP_TAIL": "0"},
-            "window-start": {"CMT_WINDOW_FLIP": "0"},
-            "tail-kept": {"CMT_DEMOTE_TAIL": "0"}, "ramp-down": {"CMT_RAMP_DOWN": "1"},
-            "old-defaults": {"CMT_DEMOTE_TAIL": "0", "CMT_RAMP_STREAM": "1", "CMT_RAMP_DOWN": "1"},
-            "no-spin-tail": {"CMT_SPIN_TAIL": "0"}, "no-spin-yield": {"CMT_SPIN_YIELD": "0"}}
 
 
 def us(ns: float) -> float:
@@ -155,7 +145,7 @@ def main() -> None:
     ap.add_argument("--rotate", type=int, default=1,
                     help="host buffers used in turn (8: sources not in the CPU's caches)")
     ap.add_argument("--variants", default="default,spin",
-                    help="environments to run: " + ", ".join(VARIANTS) + ", or VAR=VALUE[+VAR=VALUE...]")
+                    help="environments to run: " + child_result.VARIANTS_HELP)
     ap.add_argument("--only", help="directions and sizes in MiB, e.g. h2d:64,d2h:64")
     ap.add_argument("--settings", help="engine settings to try instead of GRID's, THREADS:BUFFERS:CHUNK_MIB[:nt] "
                     "separated by commas, e.g. 8:4:8,16:4:8:nt")
@@ -165,15 +155,16 @@ def main() -> None:
         size, direction, repeats, rotate = int(args.child[0]), args.child[1], int(args.child[2]), int(args.child[3])
         child_result.emit(child(size, direction, repeats, rotate, json.loads(args.child[4])))
         return
+    settings = parse_settings(args.settings) if args.settings else None
     out = []
     for variant in args.variants.split(","):
-        extra = child_result.variant_env(variant, VARIANTS)
+        extra = child_result.variant_env(variant)
         name = ",".join(f"{k}={v}" for k, v in extra.items()) or "default"
         for direction, size in GRID:
             if args.only and f"{direction}:{size // MIB}" not in args.only.split(","):
                 continue
             env = {**os.environ, "CMT_TRACE": "1", **extra}
-            grid = parse_settings(args.settings) if args.settings else GRID[(direction, size)]
+            grid = settings or GRID[(direction, size)]
             results, proc = child_result.run([sys.executable, __file__, "--child", str(size), direction, "9",
                                               str(args.rotate), json.dumps(grid)], env)
             if results is None:

@@ -3,10 +3,9 @@
 The engine (native/src/engine.cpp) cuts a copy into blocks of `chunk` bytes, one DMA each; with
 ramping (CMT_RAMP, on by default) the first blocks grow from chunk/8 and, device-to-host (or with
 CMT_RAMP_DOWN=1), the last ones shrink back, so that filling and draining the pipeline costs less
-(`cut` below is its geometry). All T lanes
-fill (host-to-device) or drain (device-to-host) a block together, while the copy engine works on
-the blocks before it; `buffers` slots let the two stages run ahead of each other. Per block of c
-bytes:
+(`cut` below is its geometry). All T lanes fill (host-to-device) or drain (device-to-host) a block
+together, while the copy engine works on the blocks before it; `buffers` slots let the two stages
+run ahead of each other. Per block of c bytes:
 
     t_cpu(c) = c / min(min(T, cores) * lane_gbps, memory_gbps)      lanes copy pageable<->pinned
                + block_overhead + lane_overhead * T                  claim pieces, sync, queue DMA
