@@ -24,7 +24,8 @@ TESTS = Path(__file__).resolve().parent
 MIB = 1 << 20
 
 # Stage everything from 1 byte, in 4 KiB chunks over 3 threads: many chunk boundaries.
-AGGRESSIVE_PLAN = "h2d:1=3,6,4096;h2d:1048576=3,9,65536;d2h:1=3,6,4096;d2h:1048576=3,9,65536"
+AGGRESSIVE_PLAN = ";".join(f"{d}:{m}=threads:3,buffers:{b},chunk_bytes:{c}"
+                           for d in ("h2d", "d2h") for m, b, c in ((1, 6, 4096), (1048576, 9, 65536)))
 
 
 class CopyServer:
@@ -59,30 +60,24 @@ def server(fake_driver_dir):
 
 
 # Ramped blocks (128K, 256K, 512K, then 1M; device-to-host down to 128K at the end; the ramp starts at chunk/8
-# but at 64 KiB or more) of 4 KiB pieces over 3 threads, filled and drained with streaming stores.
-RAMPED_PLAN = "h2d:1=3,5,1048576,stream;d2h:1=3,5,1048576,stream"
+# but at 64 KiB or more) of 4 KiB pieces (CMT_TEST_HOOKS) over 3 threads.
+RAMPED_PLAN = "h2d:1=threads:3,buffers:5,chunk_bytes:1048576,stores:{0};d2h:1=threads:3,buffers:5,chunk_bytes:1048576,stores:{0}"
+MANY_PIECES = "piece=4096"
 
 
 @pytest.fixture(scope="module")
 def eager_servers(fake_driver_dir):
     servers = {"uniform": CopyServer(fake_driver_dir, CMT_PLAN=AGGRESSIVE_PLAN),
-               "ramped": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN, CMT_PIECE="4096"),
-               "entry-on-stream": CopyServer(fake_driver_dir, CMT_PLAN=AGGRESSIVE_PLAN, CMT_ENTRY="stream"),
-               # device-to-host ramp-up blocks staged at the start of their slots, not the end
-               "ramp-head": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN, CMT_PIECE="4096", CMT_RAMP_TAIL="0"),
-               # an experiment: consecutive device-to-host copies use the two ends of slots twice their
-               # blocks' size (a rule for larger copies makes the slots 4 MiB)
-               "window-flip": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN + ";d2h:1073741824=3,4,4194304",
-                                         CMT_PIECE="4096", CMT_WINDOW_FLIP="1"),
+               # filled and drained with streaming stores
+               "ramped": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN.format("stream"), CMT_TEST_HOOKS=MANY_PIECES),
+               # consecutive device-to-host copies use the two ends of slots twice their blocks' size (a rule
+               # for larger copies makes the slots 4 MiB)
+               "window-flip": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN.format("stream") +
+                                         ";d2h:1073741824=threads:3,buffers:4,chunk_bytes:4194304",
+                                         CMT_TEST_HOOKS=MANY_PIECES),
                # cached stores: the last blocks' lines demoted by the lanes once out of work
-               "ramped-cached": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN.replace(",stream", ""),
-                                           CMT_PIECE="4096"),
-               # host-to-device copies with a ramp down, as device-to-host ones have
-               "ramp-down": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN.replace(",stream", ""),
-                                       CMT_PIECE="4096", CMT_RAMP_DOWN="1"),
-               # an experiment: host-to-device ramps take their last step twice
-               "ramp-repeat": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN.replace(",stream", ""),
-                                         CMT_PIECE="4096", CMT_RAMP_REPEAT="1")}
+               "ramped-cached": CopyServer(fake_driver_dir, CMT_PLAN=RAMPED_PLAN.format("cached"),
+                                           CMT_TEST_HOOKS=MANY_PIECES)}
     yield servers
     for s in servers.values():
         s.close()
@@ -110,8 +105,7 @@ SIZES = st.one_of(
                              ("cuMemcpy", "cuMemcpy"), ("cuMemcpyAsync_ptsz", "cuMemcpyAsync")]),
        stream=st.sampled_from(["null", "legacy", "per_thread", "blocking", "nonblocking"]),
        seed=st.integers(0, 2**32),
-       geometry=st.sampled_from(["uniform", "ramped", "entry-on-stream", "ramp-head", "window-flip",
-                                  "ramped-cached", "ramp-down", "ramp-repeat"]))
+       geometry=st.sampled_from(["uniform", "ramped", "window-flip", "ramped-cached"]))
 def test_bytes_exact_at_any_size_and_offset(eager_servers, size, host_off, dev_off, pair, stream, seed, geometry):
     r = eager_servers[geometry]("roundtrip", size=size, host_off=host_off, dev_off=dev_off, h2d=pair[0], d2h=pair[1],
                      stream=stream, seed=seed)
@@ -119,8 +113,7 @@ def test_bytes_exact_at_any_size_and_offset(eager_servers, size, host_off, dev_o
     assert outcome(r, "h2d") == {"accelerated": 1} and outcome(r, "d2h") == {"accelerated": 1}
 
 
-@pytest.mark.parametrize("geometry", ["ramped", "ramp-head", "window-flip", "ramped-cached", "ramp-down",
-                                      "ramp-repeat"])
+@pytest.mark.parametrize("geometry", ["ramped", "window-flip", "ramped-cached"])
 def test_bytes_exact_through_every_kind_of_block(eager_servers, geometry):
     """A size that ramps up, runs full blocks and ramps down, with data unlike what the slots held:
     a block staged at the wrong place in its slot cannot pass."""
@@ -174,37 +167,20 @@ def test_direct_symbols_of_a_program_linked_with_libcuda(run_c_program, tmp_path
 
 # ---- stream ordering ------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def entry_stream_server(fake_driver_dir):
-    """CMT_ENTRY=stream: the DMAs, not the calling thread, wait for prior work on the stream. A
-    staging ring larger than the test's copies: the lanes need not wait for a slot's DMA either."""
-    s = CopyServer(fake_driver_dir, CMT_ENTRY="stream", CMT_PLAN="h2d:1=2,16,1048576;d2h:1=2,16,1048576")
-    yield s
-    s.close()
-
-
-@pytest.fixture(params=["server", "entry_stream_server"])
-def ordering_server(request):
-    return request.getfixturevalue(request.param)
-
-
 @pytest.mark.parametrize("stream", ["blocking", "nonblocking", "per_thread"])
-def test_copies_wait_for_prior_work_and_later_work_waits_for_them(ordering_server, stream):
-    r = ordering_server("ordering", size=3 * MIB, stream=stream)
+def test_copies_wait_for_prior_work_and_later_work_waits_for_them(server, stream):
+    r = server("ordering", size=3 * MIB, stream=stream)
     assert r["d2h_waited"], "D2H read device memory before the earlier write on its stream finished"
     assert r["h2d_ordered"], "H2D was overtaken by earlier work, or later work did not wait for it"
 
 
-def test_where_a_copy_waits_for_prior_work(server, entry_stream_server):
-    """By default the caller waits for the stream's earlier work (0.2 s here) before staging; with
-    CMT_ENTRY=stream a copy that fits the ring is staged at once and only its DMAs wait."""
+def test_the_caller_waits_for_prior_work_before_staging(server):
+    """As the driver's own staged copy does: the stream's earlier work (0.2 s here) comes first."""
     assert server("ordering", size=3 * MIB, stream="nonblocking")["h2d_call_s"] >= 0.15
-    r = entry_stream_server("ordering", size=3 * MIB, stream="nonblocking")
-    assert r["h2d_ordered"] and r["h2d_call_s"] < 0.1
 
 
-def test_legacy_stream_copy_waits_for_blocking_streams(ordering_server):
-    r = ordering_server("ordering", size=3 * MIB, stream="blocking", copy_stream="legacy")
+def test_legacy_stream_copy_waits_for_blocking_streams(server):
+    r = server("ordering", size=3 * MIB, stream="blocking", copy_stream="legacy")
     assert r["d2h_waited"] and r["h2d_ordered"]
 
 
@@ -305,3 +281,38 @@ def test_debug_log_explains_each_decision_once(fake_driver_dir):
     assert err.count("d2h into memory not faulted in yet") == 1, err
     assert err.count("h2d copy of 8388608 bytes: accelerated") == 1, err
     assert err.count("below_minimum") == 2, err  # once per direction
+
+
+@pytest.mark.parametrize("name,value", [("CMT_LOG", "bogus"), ("CMT_PREFAULT", "bogus"), ("CMT_SPIN_US", "abc"),
+                                        ("CMT_STATS", "maybe"), ("CMT_TEST_HOOKS", "piece=x")])
+def test_a_setting_that_is_not_understood_is_warned_about_once(fake_driver_dir, name, value):
+    s = CopyServer(fake_driver_dir, **{name: value})
+    r = s("roundtrip", size=8 * MIB)
+    err = s.close()
+    assert r["device_ok"] and r["host_ok"]
+    assert err.count(f"ignoring {name}") == 1, err
+    assert "expected" in err
+
+
+def test_valid_settings_are_taken_silently(fake_driver_dir):
+    s = CopyServer(fake_driver_dir, CMT_LOG="warn", CMT_PREFAULT="populate", CMT_SPIN_US="0", CMT_STATS="0")
+    r = s("roundtrip", size=8 * MIB, dst_kind="fresh")
+    err = s.close()
+    assert r["device_ok"] and r["host_ok"] and "warning" not in err, err
+
+
+def test_an_invalid_hand_set_plan_keeps_the_defaults(fake_driver_dir):
+    s = CopyServer(fake_driver_dir, CMT_PLAN="h2d:1=threads:3,buffers:99,chunk_bytes:4096")
+    r = s("roundtrip", size=8 * MIB)
+    err = s.close()
+    assert r["device_ok"] and r["host_ok"] and outcome(r, "h2d") == {"accelerated": 1}
+    assert "ignoring invalid CMT_PLAN (expected 'pass' or settings: buffers must be 1..64" in err, err
+
+
+def test_a_process_without_a_driver_says_so_at_debug_level():
+    """`cmt run` on a machine without a GPU: one debug line says nothing was staged, and why."""
+    env = {**os.environ, "LD_PRELOAD": str(library_path()), "CMT_LOG": "debug", "CMT_STATS": "1"}
+    env.pop("LD_LIBRARY_PATH", None)
+    proc = subprocess.run([sys.executable, "-c", "pass"], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0
+    assert proc.stderr.count("no CUDA driver (libcuda.so.1) was loaded in this process") == 1, proc.stderr

@@ -3,8 +3,8 @@
 #include <atomic>
 
 #include "driver.hpp"
-#include "env.hpp"
 #include "engine.hpp"
+#include "plan.hpp"
 
 namespace cmt {
 namespace {
@@ -44,15 +44,6 @@ CUevent entry_event(const Driver& d, CUcontext ctx) {
   ctxs[i] = ctx;
   events[i] = e;
   return e;
-}
-
-// How a staged copy waits for prior work on its stream. By default the calling thread waits for
-// it, as the driver's own staged copy does. With CMT_ENTRY=stream only cmt's DMA stream waits (on
-// the GPU), so the lanes' CPU work overlaps the caller's earlier GPU work, such as the DMAs of
-// its previous copy: an experiment until measured (benchmarks/explore_variants.py).
-bool entry_on_dma_stream() {
-  static const bool on = env::is("CMT_ENTRY", "stream");
-  return on;
 }
 
 HostKind kind_of(const PointerInfo& info) {
@@ -97,20 +88,20 @@ Outcome decide_and_copy(const CopyCall& call, CUresult* result, HostKind* kind) 
 
   // Resolve stream 0 here, in the caller's thread: legacy or this thread's per-thread stream.
   CUstream stream = call.stream;
-  if (!stream) stream = call.default_stream == DefaultStream::PerThread ? CMT_STREAM_PER_THREAD : CMT_STREAM_LEGACY;
+  if (!stream) stream = call.default_stream == DefaultStream::PerThread ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
   CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
   if (d.cuStreamIsCapturing(stream, &capture) != CUDA_SUCCESS || capture != CU_STREAM_CAPTURE_STATUS_NONE) {
     return Outcome::Capturing;
   }
   // Start after all prior work on the stream (on the legacy stream this includes every blocking
-  // stream), as the driver's staged copy does: record an event there and wait for it.
+  // stream), as the driver's staged copy does: record an event there and wait for it in this
+  // thread. (Waiting on the DMA stream instead was measured no better: docs/engine-findings.md.)
   CUevent entry = entry_event(d, ctx);
   if (!entry) return Outcome::Resources;
   if (d.cuEventRecord(entry, stream) != CUDA_SUCCESS) return Outcome::StreamContext;
-  CUevent after = entry_on_dma_stream() ? entry : nullptr;
-  if (!after && d.cuEventSynchronize(entry) != CUDA_SUCCESS) return Outcome::StreamContext;
+  if (d.cuEventSynchronize(entry) != CUDA_SUCCESS) return Outcome::StreamContext;
 
-  CopyRequest req{call.dir, ctx, call.host, call.device, call.bytes, stream, settings, after};
+  CopyRequest req{call.dir, ctx, call.host, call.device, call.bytes, stream, settings};
   CUresult r = engine_copy(req);
   if (r == CUDA_ERROR_NOT_READY) return Outcome::Resources;
   *result = r;

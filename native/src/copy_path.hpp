@@ -5,12 +5,10 @@
 #include <cstddef>
 
 #include "cmt/cuda_types.hpp"
-#include "plan.hpp"
 #include "stats.hpp"
+#include "types.hpp"
 
 namespace cmt {
-
-enum class DefaultStream { Legacy, PerThread };  // what stream 0 means for the entry point
 
 struct CopyCall {
   Direction dir;
@@ -21,9 +19,6 @@ struct CopyCall {
   DefaultStream default_stream;
   const Settings* forced = nullptr;  // the C API's explicit settings, else the plan's rule
 };
-
-// What kind of host memory a copy touched (as far as the decision had to find out).
-enum class HostKind : unsigned char { Unknown = 0, Pageable = 1, Pinned = 2, Managed = 3, Device = 4 };
 
 // Returns Outcome::Accelerated with the copy's result in *result, or why the driver should do
 // it. Records the outcome in the statistics; *kind says what the host side was, when known.

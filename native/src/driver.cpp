@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <initializer_list>
 
 #include "log.hpp"
 
@@ -12,11 +13,11 @@ namespace cmt {
 namespace {
 
 const char* const kEntryNames[] = {
-#define CMT_COPY(name, shape, stream) #name,
-#define CMT_RESOLVER(name, abi) #name,
+#define ENTRY_COPY(name, shape, stream) #name,
+#define ENTRY_RESOLVER(name, abi) #name,
 #include "entry_points.def"
-#undef CMT_COPY
-#undef CMT_RESOLVER
+#undef ENTRY_COPY
+#undef ENTRY_RESOLVER
 };
 
 using dlsym_fn = void* (*)(void*, const char*);
@@ -99,8 +100,27 @@ int entry_by_name(const char* name) {
   return -1;
 }
 
-// hooks.cpp: finds glibc's dlsym by symbol version (once) and returns it.
-extern "C" void* cmt_find_real_dlsym();
+}  // namespace cmt
+
+// glibc's dlsym, found by symbol version (once). Also called by dlsym_entry.S, which keeps the
+// pointer to tail-jump to for RTLD_NEXT lookups.
+extern "C" {
+__attribute__((visibility("hidden"))) void* cmt_real_dlsym_ptr = nullptr;
+
+__attribute__((visibility("hidden"))) void* cmt_find_real_dlsym() {
+  void* p = __atomic_load_n(&cmt_real_dlsym_ptr, __ATOMIC_ACQUIRE);
+  if (p) return p;
+  // glibc >= 2.34 versions dlsym GLIBC_2.34; older ones GLIBC_2.2.5 (x86-64) / 2.17 (aarch64).
+  for (const char* v : {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"}) {
+    p = dlvsym(RTLD_NEXT, "dlsym", v);
+    if (p) break;
+  }
+  __atomic_store_n(&cmt_real_dlsym_ptr, p, __ATOMIC_RELEASE);
+  return p;
+}
+}  // extern "C"
+
+namespace cmt {
 
 void* real_dlsym(void* handle, const char* name) {
   auto f = reinterpret_cast<dlsym_fn>(cmt_find_real_dlsym());

@@ -7,11 +7,11 @@
 namespace cmt {
 
 enum class EntryId : int {
-#define CMT_COPY(name, shape, stream) name,
-#define CMT_RESOLVER(name, abi) name,
+#define ENTRY_COPY(name, shape, stream) name,
+#define ENTRY_RESOLVER(name, abi) name,
 #include "entry_points.def"
-#undef CMT_COPY
-#undef CMT_RESOLVER
+#undef ENTRY_COPY
+#undef ENTRY_RESOLVER
   Count
 };
 constexpr int kEntryCount = static_cast<int>(EntryId::Count);

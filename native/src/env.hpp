@@ -1,25 +1,31 @@
-// The CMT_* environment switches, each read once by its user (static local): one way to read them.
+// Every CMT_* variable the native core reads, read once when the library loads, in one place.
+// Each is parsed strictly: a value that is not understood is warned about once on stderr and the
+// default is kept. The user settings are the README's; CMT_PLAN, CMT_PROFILE_DIR and
+// CMT_TEST_HOOKS are internal (docs/design.md).
 #pragma once
-#include <cstdlib>
-#include <cstring>
+#include <cstddef>
+#include <string>
 
-namespace cmt::env {
+namespace cmt {
 
-// Set, non-empty and not "0".
-inline bool flag(const char* name) {
-  const char* v = getenv(name);
-  return v && *v && strcmp(v, "0") != 0;
-}
+// How a device-to-host copy into never-touched memory faults its destination in (prefault.hpp).
+enum class Prefault { None, Populate, HugePopulate };
 
-// Set to exactly `value`.
-inline bool is(const char* name, const char* value) {
-  const char* v = getenv(name);
-  return v && !strcmp(v, value);
-}
+struct Env {
+  bool disable = false;        // CMT_DISABLE=1: every copy passes through
+  int log_level = 1;           // CMT_LOG=quiet|warn|info|debug (log::Level)
+  bool stats = false;          // CMT_STATS=1: counters on stderr at exit
+  bool trace = false;          // CMT_TRACE=1: the engine's timeline of its last copy
+  long spin_us = 200;          // CMT_SPIN_US: how long idle copy threads spin before sleeping
+  Prefault prefault = Prefault::HugePopulate;  // CMT_PREFAULT=huge|populate|none
+  std::string plan;         // CMT_PLAN (internal): the tuned file's rules, from `cmt run`
+  std::string profile_dir;  // CMT_PROFILE_DIR (internal): where `cmt profile` records
+  // CMT_TEST_HOOKS (internal, for the tests alone): "piece=BYTES,late_start_us=US"
+  size_t test_piece = 0;       // every piece of CPU work this many bytes (many pieces in small copies)
+  long test_late_start_us = 0;  // every worker starts each copy this late, as a descheduled one would
+};
 
-inline long number(const char* name, long fallback) {
-  const char* v = getenv(name);
-  return v && *v ? atol(v) : fallback;
-}
+// The parsed environment (read on first use, which the library's constructor makes its load).
+const Env& env();
 
-}  // namespace cmt::env
+}  // namespace cmt

@@ -8,7 +8,6 @@
 #include <immintrin.h>
 #endif
 
-#include "env.hpp"
 
 namespace cmt {
 namespace {
@@ -39,16 +38,6 @@ __attribute__((target("avx2"))) void copy_nt_avx2(char* dst, const char* src, si
 }
 #endif
 
-// -1: as the plan says; 0: never (CMT_COPY=memcpy); 1: always (CMT_COPY=stream).
-int streaming_override() {
-  static const int v = [] {
-    if (env::is("CMT_COPY", "stream")) return 1;
-    if (env::is("CMT_COPY", "memcpy")) return 0;
-    return -1;
-  }();
-  return v;
-}
-
 bool cpu_can_stream() {
 #if defined(__x86_64__)
   static const bool yes = __builtin_cpu_supports("avx2") != 0;
@@ -61,8 +50,6 @@ bool cpu_can_stream() {
 }  // namespace
 
 void copy_stream(void* dst, const void* src, size_t n, bool streaming) {
-  int force = streaming_override();
-  if (force >= 0) streaming = force == 1;
 #if defined(__x86_64__)
   if (streaming && n >= 4096 && cpu_can_stream()) {
     return copy_nt_avx2(static_cast<char*>(dst), static_cast<const char*>(src), n);

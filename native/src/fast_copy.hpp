@@ -7,7 +7,7 @@ namespace cmt {
 // memcpy, or with `streaming` non-temporal stores where the CPU has AVX2: the destination's
 // cache lines are then neither read first nor kept in cache. Which wins depends on the machine
 // and the copy size (on the H200 host: streaming for host-to-device at 64 MiB, plain memcpy at
-// 1 GiB), so it is a per-rule setting of the plan. CMT_COPY=stream|memcpy overrides it.
+// 1 GiB), so it is a per-rule setting of the plan (Settings::stores).
 void copy_stream(void* dst, const void* src, size_t n, bool streaming);
 
 // Moves the cache lines of [p, p + n) from this core's private caches to the shared last-level

@@ -20,7 +20,7 @@
 #include "recorder.hpp"
 #include "stats.hpp"
 
-#define CMT_EXPORT __attribute__((visibility("default")))
+#define API_EXPORT __attribute__((visibility("default")))
 
 using namespace cmt;
 
@@ -71,47 +71,47 @@ CUresult intercept_uva(EntryId id, CUdeviceptr dst, CUdeviceptr src, size_t n, C
 
 }  // namespace
 
-#define CMT_REAL(name, PFN, ...)                                                   \
+#define REAL_CALL(name, PFN, ...)                                                   \
   [&]() -> CUresult {                                                               \
     auto f = real<PFN>(EntryId::name);                                              \
     return f ? f(__VA_ARGS__) : CUDA_ERROR_NOT_INITIALIZED;                         \
   }
 
-#define CMT_WRAP_HTOD(name, ds)                                                                 \
-  extern "C" CMT_EXPORT CUresult name(CUdeviceptr dst, const void* src, size_t n) {             \
+#define WRAP_HTOD(name, ds)                                                                 \
+  extern "C" API_EXPORT CUresult name(CUdeviceptr dst, const void* src, size_t n) {             \
     return intercept(EntryId::name, Direction::HtoD, src, dst, n, nullptr, ds,                  \
-                     CMT_REAL(name, PFN_cuMemcpyHtoD, dst, src, n));                            \
+                     REAL_CALL(name, PFN_cuMemcpyHtoD, dst, src, n));                            \
   }
-#define CMT_WRAP_DTOH(name, ds)                                                                 \
-  extern "C" CMT_EXPORT CUresult name(void* dst, CUdeviceptr src, size_t n) {                   \
+#define WRAP_DTOH(name, ds)                                                                 \
+  extern "C" API_EXPORT CUresult name(void* dst, CUdeviceptr src, size_t n) {                   \
     return intercept(EntryId::name, Direction::DtoH, dst, src, n, nullptr, ds,                  \
-                     CMT_REAL(name, PFN_cuMemcpyDtoH, dst, src, n));                            \
+                     REAL_CALL(name, PFN_cuMemcpyDtoH, dst, src, n));                            \
   }
-#define CMT_WRAP_HTOD_ASYNC(name, ds)                                                           \
-  extern "C" CMT_EXPORT CUresult name(CUdeviceptr dst, const void* src, size_t n, CUstream s) { \
+#define WRAP_HTOD_ASYNC(name, ds)                                                           \
+  extern "C" API_EXPORT CUresult name(CUdeviceptr dst, const void* src, size_t n, CUstream s) { \
     return intercept(EntryId::name, Direction::HtoD, src, dst, n, s, ds,                        \
-                     CMT_REAL(name, PFN_cuMemcpyHtoDAsync, dst, src, n, s));                    \
+                     REAL_CALL(name, PFN_cuMemcpyHtoDAsync, dst, src, n, s));                    \
   }
-#define CMT_WRAP_DTOH_ASYNC(name, ds)                                                           \
-  extern "C" CMT_EXPORT CUresult name(void* dst, CUdeviceptr src, size_t n, CUstream s) {       \
+#define WRAP_DTOH_ASYNC(name, ds)                                                           \
+  extern "C" API_EXPORT CUresult name(void* dst, CUdeviceptr src, size_t n, CUstream s) {       \
     return intercept(EntryId::name, Direction::DtoH, dst, src, n, s, ds,                        \
-                     CMT_REAL(name, PFN_cuMemcpyDtoHAsync, dst, src, n, s));                    \
+                     REAL_CALL(name, PFN_cuMemcpyDtoHAsync, dst, src, n, s));                    \
   }
-#define CMT_WRAP_UVA(name, ds)                                                                  \
-  extern "C" CMT_EXPORT CUresult name(CUdeviceptr dst, CUdeviceptr src, size_t n) {             \
-    return intercept_uva(EntryId::name, dst, src, n, nullptr, ds, CMT_REAL(name, PFN_cuMemcpy, dst, src, n)); \
+#define WRAP_UVA(name, ds)                                                                  \
+  extern "C" API_EXPORT CUresult name(CUdeviceptr dst, CUdeviceptr src, size_t n) {             \
+    return intercept_uva(EntryId::name, dst, src, n, nullptr, ds, REAL_CALL(name, PFN_cuMemcpy, dst, src, n)); \
   }
-#define CMT_WRAP_UVA_ASYNC(name, ds)                                                            \
-  extern "C" CMT_EXPORT CUresult name(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) { \
+#define WRAP_UVA_ASYNC(name, ds)                                                            \
+  extern "C" API_EXPORT CUresult name(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) { \
     return intercept_uva(EntryId::name, dst, src, n, s, ds,                                     \
-                         CMT_REAL(name, PFN_cuMemcpyAsync, dst, src, n, s));                    \
+                         REAL_CALL(name, PFN_cuMemcpyAsync, dst, src, n, s));                    \
   }
 
-#define CMT_COPY(name, shape, ds) CMT_WRAP_##shape(name, ds)
-#define CMT_RESOLVER(name, abi)
+#define ENTRY_COPY(name, shape, ds) WRAP_##shape(name, ds)
+#define ENTRY_RESOLVER(name, abi)
 #include "entry_points.def"
-#undef CMT_COPY
-#undef CMT_RESOLVER
+#undef ENTRY_COPY
+#undef ENTRY_RESOLVER
 
 namespace {
 
@@ -126,7 +126,7 @@ void substitute(void** pfn) {
 
 }  // namespace
 
-extern "C" CMT_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version, cuuint64_t flags) {
+extern "C" API_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version, cuuint64_t flags) {
   auto f = real<PFN_cuGetProcAddress_v1>(EntryId::cuGetProcAddress);
   if (!f) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = f(symbol, pfn, version, flags);
@@ -134,8 +134,8 @@ extern "C" CMT_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, 
   return r;
 }
 
-#define CMT_RESOLVER_V2(name)                                                                    \
-  extern "C" CMT_EXPORT CUresult name(const char* symbol, void** pfn, int version, cuuint64_t flags, \
+#define RESOLVER_V2(name)                                                                    \
+  extern "C" API_EXPORT CUresult name(const char* symbol, void** pfn, int version, cuuint64_t flags, \
                                       CUdriverProcAddressQueryResult* status) {                  \
     auto f = real<PFN_cuGetProcAddress_v2>(EntryId::name);                                      \
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                                   \
@@ -143,17 +143,17 @@ extern "C" CMT_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, 
     if (r == CUDA_SUCCESS && (!status || *status == CU_GET_PROC_ADDRESS_SUCCESS)) substitute(pfn); \
     return r;                                                                                    \
   }
-CMT_RESOLVER_V2(cuGetProcAddress_v2)
-CMT_RESOLVER_V2(cuGetProcAddress_v2_ptsz)
+RESOLVER_V2(cuGetProcAddress_v2)
+RESOLVER_V2(cuGetProcAddress_v2_ptsz)
 
 namespace {
 
 void* const kWrappers[] = {
-#define CMT_COPY(name, shape, ds) reinterpret_cast<void*>(&name),
-#define CMT_RESOLVER(name, abi) reinterpret_cast<void*>(&name),
+#define ENTRY_COPY(name, shape, ds) reinterpret_cast<void*>(&name),
+#define ENTRY_RESOLVER(name, abi) reinterpret_cast<void*>(&name),
 #include "entry_points.def"
-#undef CMT_COPY
-#undef CMT_RESOLVER
+#undef ENTRY_COPY
+#undef ENTRY_RESOLVER
 };
 static_assert(sizeof(kWrappers) / sizeof(kWrappers[0]) == kEntryCount, "one wrapper per entry");
 
@@ -167,20 +167,6 @@ void* wrapper_for(int id) { return kWrappers[id]; }
 // RTLD_NEXT and call cmt_dlsym_dispatch for every other handle.
 
 extern "C" {
-__attribute__((visibility("hidden"))) void* cmt_real_dlsym_ptr = nullptr;
-
-__attribute__((visibility("hidden"))) void* cmt_find_real_dlsym() {
-  void* p = __atomic_load_n(&cmt_real_dlsym_ptr, __ATOMIC_ACQUIRE);
-  if (p) return p;
-  // glibc >= 2.34 versions dlsym GLIBC_2.34; older ones GLIBC_2.2.5 (x86-64) / 2.17 (aarch64).
-  for (const char* v : {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"}) {
-    p = dlvsym(RTLD_NEXT, "dlsym", v);
-    if (p) break;
-  }
-  __atomic_store_n(&cmt_real_dlsym_ptr, p, __ATOMIC_RELEASE);
-  return p;
-}
-
 __attribute__((visibility("hidden"))) void* cmt_dlsym_dispatch(void* handle, const char* name) {
   void* res = real_dlsym(handle, name);
   if (!res) return res;
@@ -193,7 +179,7 @@ __attribute__((visibility("hidden"))) void* cmt_dlsym_dispatch(void* handle, con
 
 #if !defined(__x86_64__)
 // Without the assembly entry, RTLD_NEXT lookups resolve relative to this library.
-CMT_EXPORT void* dlsym(void* handle, const char* name) { return cmt_dlsym_dispatch(handle, name); }
+API_EXPORT void* dlsym(void* handle, const char* name) { return cmt_dlsym_dispatch(handle, name); }
 #endif
 }  // extern "C"
 
@@ -201,13 +187,13 @@ CMT_EXPORT void* dlsym(void* handle, const char* name) { return cmt_dlsym_dispat
 
 // _exit skips atexit handlers, so `cmt profile` would lose a process's last records (Python's
 // os._exit in multiprocessing workers). Flush them, then end the process as _exit does.
-extern "C" CMT_EXPORT __attribute__((noreturn)) void _exit(int status) {
+extern "C" API_EXPORT __attribute__((noreturn)) void _exit(int status) {
   flush_before_exit();
   syscall(SYS_exit_group, status);
   __builtin_unreachable();
 }
 
-extern "C" CMT_EXPORT __attribute__((noreturn)) void _Exit(int status) { _exit(status); }
+extern "C" API_EXPORT __attribute__((noreturn)) void _Exit(int status) { _exit(status); }
 
 namespace {
 
@@ -215,7 +201,7 @@ void on_fork_child() { mark_forked_child(); }
 
 // No CUDA calls and no threads here: a CPU-only child of `cmt run` must pay nothing.
 __attribute__((constructor)) void cmt_library_init() {
-  bool disabled = env::flag("CMT_DISABLE");
+  bool disabled = env().disable;
   set_disabled(disabled);
   if (disabled) log::write(log::Level::Debug, "CMT_DISABLE set: every copy passes through");
   pthread_atfork(nullptr, nullptr, on_fork_child);

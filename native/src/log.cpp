@@ -1,5 +1,7 @@
 #include "log.hpp"
 
+#include "env.hpp"
+
 #include <unistd.h>
 
 #include <atomic>
@@ -9,7 +11,6 @@
 
 namespace cmt::log {
 namespace {
-std::atomic<int> g_level{-1};
 std::atomic<unsigned char> g_seen[4096];
 
 void vwrite(const char* fmt, va_list ap) {
@@ -26,19 +27,7 @@ void vwrite(const char* fmt, va_list ap) {
 }
 }  // namespace
 
-Level level() {
-  int l = g_level.load(std::memory_order_relaxed);
-  if (l >= 0) return static_cast<Level>(l);
-  const char* v = getenv("CMT_LOG");
-  Level parsed = Level::Warn;
-  if (v) {
-    if (!strcmp(v, "debug")) parsed = Level::Debug;
-    else if (!strcmp(v, "info")) parsed = Level::Info;
-    else if (!strcmp(v, "quiet") || !strcmp(v, "off")) parsed = Level::Quiet;
-  }
-  g_level.store(static_cast<int>(parsed), std::memory_order_relaxed);
-  return parsed;
-}
+Level level() { return static_cast<Level>(env().log_level); }
 
 void write(Level lvl, const char* fmt, ...) {
   if (level() < lvl) return;

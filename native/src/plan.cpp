@@ -9,7 +9,9 @@
 #include <cstring>
 #include <mutex>
 
+#include "env.hpp"
 #include "log.hpp"
+#include "settings.hpp"
 
 namespace cmt {
 
@@ -50,19 +52,9 @@ bool Plan::parse(const char* text, std::string* error) {
       r.pass = true;
       p += 4;
     } else {
-      size_t t, b, c;
-      if (!parse_size(p, &t) || *p++ != ',' || !parse_size(p, &b) || *p++ != ',' || !parse_size(p, &c)) {
-        return fail(error, "expected 'pass' or threads,buffers,chunk_bytes");
-      }
-      if (t < 1 || t > size_t(kMaxThreads)) return fail(error, "threads must be 1..64");
-      if (b < 1 || b > size_t(kMaxBuffers)) return fail(error, "buffers must be 1..64");
-      if (c < kMinChunk || c > kMaxChunk) return fail(error, "chunk_bytes must be 4 KiB..256 MiB");
+      std::string why;
+      if (!parse_settings(p, &r.settings, &p, &why)) return fail(error, "expected 'pass' or settings: " + why);
       r.pass = false;
-      r.settings = Settings{static_cast<int>(t), static_cast<int>(b), c};
-      if (!strncmp(p, ",stream", 7)) {
-        r.settings.stream_stores = true;
-        p += 7;
-      }
     }
     if (*p && *p != ';') return fail(error, std::string("unexpected text at '") + p + "'");
     parsed.rules_[static_cast<int>(dir)].push_back(r);
@@ -76,28 +68,30 @@ bool Plan::parse(const char* text, std::string* error) {
 }
 
 Plan Plan::defaults() {
-  // Before tuning. Chosen from benchmarks/explore_engine.py on the H200 host (16 cores, PCIe Gen5
-  // x16; results in benchmarks/results/): staging loses to the driver below ~1 MiB, larger copies
-  // want larger DMA blocks, and about 10 lanes saturate the link; fewer cores get fewer lanes.
+  // Before tuning. Chosen on the H200 host (16 cores, PCIe Gen5 x16; docs/engine-findings.md):
+  // staging loses to the driver below ~1 MiB, larger copies want larger DMA blocks, and about 10
+  // lanes saturate the link; fewer cores get fewer lanes.
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   int t = static_cast<int>(std::clamp(cpus * 5 / 8, 2L, 10L));
-  std::string s;
-  for (const char* dir : {"h2d", "d2h"}) {
-    bool h2d = dir[0] == 'h';
+  Plan p;
+  for (int d = 0; d < kDirections; ++d) {
+    bool h2d = d == static_cast<int>(Direction::HtoD);
     auto add = [&](size_t min, int threads, int buffers, size_t chunk) {
-      s += std::string(dir) + ":" + std::to_string(min) + "=" + std::to_string(threads) + "," +
-           std::to_string(buffers) + "," + std::to_string(chunk) + ";";
+      Rule r;
+      r.min_bytes = min;
+      r.pass = false;
+      r.settings.threads = threads;
+      r.settings.buffers = buffers;
+      r.settings.chunk_bytes = static_cast<int64_t>(chunk);
+      p.rules_[d].push_back(r);
     };
-    s += std::string(dir) + ":0=pass;";
+    p.rules_[d].push_back(Rule{});
     add(size_t(1) << 20, std::min(t, 8), 4, size_t(512) << 10);
     add(size_t(4) << 20, t, 12, size_t(512) << 10);
     add(size_t(16) << 20, t, 12, size_t(2) << 20);
     add(size_t(64) << 20, t, 12, size_t(4) << 20);
     add(size_t(256) << 20, t, h2d ? 4 : 12, size_t(h2d ? 8 : 4) << 20);
   }
-  Plan p;
-  std::string err;
-  p.parse(s.c_str(), &err);
   return p;
 }
 
@@ -118,12 +112,7 @@ std::string Plan::to_string() const {
     for (const auto& r : rules_[d]) {
       if (!s.empty()) s += ";";
       s += std::string(direction_name(static_cast<Direction>(d))) + ":" + std::to_string(r.min_bytes) + "=";
-      if (r.pass) {
-        s += "pass";
-      } else {
-        s += std::to_string(r.settings.threads) + "," + std::to_string(r.settings.buffers) + "," +
-             std::to_string(r.settings.chunk) + (r.settings.stream_stores ? ",stream" : "");
-      }
+      s += r.pass ? std::string("pass") : settings_to_string(r.settings);
     }
   }
   return s;
@@ -133,7 +122,7 @@ size_t Plan::max_chunk() const {
   size_t m = 0;
   for (const auto& rules : rules_)
     for (const auto& r : rules)
-      if (!r.pass) m = std::max(m, r.settings.chunk);
+      if (!r.pass) m = std::max(m, static_cast<size_t>(r.settings.chunk_bytes));
   return m;
 }
 
@@ -149,9 +138,9 @@ const Plan& active_plan() {
   p = g_plan.load(std::memory_order_relaxed);
   if (p) return *p;
   auto* plan = new Plan(Plan::defaults());
-  if (const char* env = getenv("CMT_PLAN"); env && *env) {
+  if (const char* text = env().plan.c_str(); *text) {
     std::string err;
-    if (!plan->parse(env, &err)) {
+    if (!plan->parse(text, &err)) {
       // `cmt run` validates the tuned file first; a bad hand-set CMT_PLAN keeps the defaults.
       log::write(log::Level::Warn, "ignoring invalid CMT_PLAN (%s); using defaults", err.c_str());
       *plan = Plan::defaults();

@@ -1,9 +1,8 @@
-// The copy plan: per direction and copy-size range, pass through or stage with T threads,
-// B staging buffers and chunk size C. Python turns a tuned file into the compact string form
-// (CMT_PLAN), so the native side never parses JSON.
-//
+// The copy plan: per direction and copy-size range, pass through or stage with the given settings.
+// Python turns a tuned file into the plan's text form (CMT_PLAN), so the native side never parses
+// JSON:
 //   plan  := rule (';' rule)*
-//   rule  := dir ':' min_bytes '=' ( 'pass' | threads ',' buffers ',' chunk_bytes [ ',stream' ] )
+//   rule  := dir ':' min_bytes '=' ( 'pass' | settings )      settings: settings.hpp
 //   dir   := 'h2d' | 'd2h'
 // A rule applies from its min_bytes up to the next rule's min_bytes of the same direction.
 // Sizes below the first rule pass through.
@@ -12,18 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "types.hpp"
+
 namespace cmt {
-
-enum class Direction : int { HtoD = 0, DtoH = 1 };
-constexpr int kDirections = 2;
-inline const char* direction_name(Direction d) { return d == Direction::HtoD ? "h2d" : "d2h"; }
-
-struct Settings {
-  int threads = 0;    // worker lanes (the calling thread is one of them)
-  int buffers = 0;    // pinned staging buffers in the ring (blocks in flight)
-  size_t chunk = 0;   // bytes per staging buffer and per DMA
-  bool stream_stores = false;  // fill/drain buffers with non-temporal stores (fast_copy.hpp)
-};
 
 struct Rule {
   size_t min_bytes = 0;
@@ -31,20 +21,16 @@ struct Rule {
   Settings settings;
 };
 
-constexpr int kMaxThreads = 64;
-constexpr int kMaxBuffers = 64;
-constexpr size_t kMinChunk = 4096;
-constexpr size_t kMaxChunk = size_t(256) << 20;
-
 class Plan {
  public:
-  // Parses the string form; on error returns false and says why in *error.
+  // Parses the text form; on error returns false and says why in *error.
   bool parse(const char* text, std::string* error);
   // The built-in plan for this machine (used when no tuned file is given).
   static Plan defaults();
   // The rule for a copy of n bytes (a pass rule when none applies).
   const Rule& lookup(Direction d, size_t n) const;
   std::string to_string() const;
+  // The largest staging buffer any rule asks for: the ring is sized for it once.
   size_t max_chunk() const;
 
  private:

@@ -6,28 +6,7 @@
 // retired blocks and of each thread's current block) so a killed program loses little, and
 // frees retired blocks. Exit, thread exit, fork and SIGTERM/SIGINT/SIGHUP are handled below.
 //
-// On-disk format, version 1: one file per process, <CMT_PROFILE_DIR>/cmt-<pid>.rec (a numeric
-// suffix, cmt-<pid>.<n>.rec, if that name exists). Little-endian.
-//   offset  size  field
-//        0     8  magic "CMTPROF\0"
-//        8     4  format version (kFormatVersion)
-//       12     4  header_bytes: offset of the first record (8-aligned)
-//       16     4  record_bytes: 48 (sizeof CopyRecord, recorder.hpp)
-//       20     4  pid
-//       24     4  ppid
-//       28     4  flags: bit 0 = forked from a recording process (same program image)
-//       32     8  CLOCK_MONOTONIC ns when the file was created (records use the same clock)
-//       40     8  CLOCK_REALTIME ns at the same moment (wall-clock anchor)
-//       48     4  meta_bytes: length of the meta text at offset 64
-//       52     4  cmdline_bytes: length of /proc/self/cmdline (NUL-separated argv) after the meta
-//       56     8  reserved (0)
-//       64        meta text: "key=value\n" lines: cmt_version, clock, directions, host_kinds,
-//                 outcomes, entries (comma-separated names; a record's byte fields index them),
-//                 outcome_text.<outcome> (why cmt passed such copies to the driver)
-//                 cmdline, then zero padding to header_bytes
-//   header_bytes  CopyRecord[] until the end of the file; a trailing partial record (killed
-//                 mid-write) is ignored. A record with entry == 0xFF is a marker, not a copy:
-//                 `bytes` records were dropped (buffers over their memory cap).
+// The file it writes: recording_file.hpp.
 #include "recorder.hpp"
 
 #include <errno.h>
@@ -47,34 +26,28 @@
 #include <cstring>
 #include <string>
 
+#include "env.hpp"
 #include "copy_path.hpp"
 #include "driver.hpp"
 #include "log.hpp"
+#include "recording_file.hpp"
 #include "stats.hpp"
 
-#ifndef CMT_VERSION
-#define CMT_VERSION "0.0.0"
+#ifndef PROJECT_VERSION
+#define PROJECT_VERSION "0.0.0"
 #endif
 
 namespace cmt {
 namespace {
 
-constexpr char kMagic[8] = {'C', 'M', 'T', 'P', 'R', 'O', 'F', '\0'};
-constexpr uint32_t kFormatVersion = 1;
+using namespace recfile;
+
 constexpr uint8_t kMarkerEntry = 0xFF;
 constexpr uint32_t kBlockRecords = 1024;      // 48 KiB per block
 constexpr long kMaxBlocks = 1400;             // ~64 MiB unflushed before records are dropped
 constexpr long kFlushIntervalNs = 50000000;   // 50 ms
 constexpr int kTermWaitMs = 500;              // how long a fatal signal waits for the last flush
 
-struct FileHeader {
-  char magic[8];
-  uint32_t format_version, header_bytes, record_bytes, pid, ppid, flags;
-  uint64_t monotonic_ns, realtime_ns;
-  uint32_t meta_bytes, cmdline_bytes;
-  uint64_t reserved;
-};
-static_assert(sizeof(FileHeader) == 64, "file header layout");
 
 struct Block {
   std::atomic<uint32_t> count{0};  // records appended (owner thread, release)
@@ -95,7 +68,6 @@ enum State : int { kUnknown = 0, kOff = 1, kOn = 2 };
 enum Start : int { kNotStarted = 0, kRunning = 1, kFailed = 2 };
 
 std::atomic<int> g_state{kUnknown};
-char g_dir[PATH_MAX];
 
 // Per process image; the fork child resets them (reset_after_fork).
 std::atomic<unsigned> g_generation{0};
@@ -110,143 +82,10 @@ std::atomic<uint64_t> g_flush_begun{0}, g_flush_done{0};
 pthread_mutex_t g_start_mu = PTHREAD_MUTEX_INITIALIZER;
 pthread_mutex_t g_flush_mu = PTHREAD_MUTEX_INITIALIZER;
 sem_t g_wake;
-int g_fd = -1;
-dev_t g_file_dev = 0;  // identity of the file behind g_fd (a program may close and reuse the fd)
-ino_t g_file_ino = 0;
-bool g_forked = false;
-bool g_write_failed = false;
 bool g_process_hooks = false;  // atexit/atfork/signals: registered once, inherited by fork children
 
 thread_local ThreadSlot* t_slot = nullptr;
 thread_local unsigned t_gen = 0;
-
-// ---- the file --------------------------------------------------------------------------------
-
-std::string meta_text() {
-  std::string m = "cmt_version=" CMT_VERSION "\nclock=CLOCK_MONOTONIC\ndirections=h2d,d2h\n";
-  static_assert(static_cast<int>(HostKind::Device) == 4, "host_kinds below follow HostKind");
-  m += "host_kinds=unknown,pageable,pinned,managed,device\noutcomes=";
-  for (int o = 0; o < kOutcomes; ++o) m += std::string(o ? "," : "") + outcome_name(static_cast<Outcome>(o));
-  m += "\nentries=";
-  for (int e = 0; e < kEntryCount; ++e) m += std::string(e ? "," : "") + entry_name(static_cast<EntryId>(e));
-  m += "\n";
-  for (int o = 0; o < kOutcomes; ++o) {
-    m += std::string("outcome_text.") + outcome_name(static_cast<Outcome>(o)) + "=" + outcome_text(static_cast<Outcome>(o)) + "\n";
-  }
-  return m;
-}
-
-std::string read_cmdline() {
-  std::string s;
-  int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return s;
-  char buf[4096];
-  ssize_t n = read(fd, buf, sizeof buf);
-  if (n > 0) s.assign(buf, static_cast<size_t>(n));
-  close(fd);
-  return s;
-}
-
-bool write_all(int fd, const void* p, size_t n) {
-  const char* c = static_cast<const char*>(p);
-  while (n) {
-    ssize_t w = write(fd, c, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    c += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
-int open_file() {
-  mkdir(g_dir, 0777);  // normally made by `cmt profile`; harmless if it exists
-  char path[PATH_MAX + 64];
-  int fd = -1;
-  for (int n = 0; n < 100 && fd < 0; ++n) {
-    if (n == 0) snprintf(path, sizeof path, "%s/cmt-%d.rec", g_dir, static_cast<int>(getpid()));
-    else snprintf(path, sizeof path, "%s/cmt-%d.%d.rec", g_dir, static_cast<int>(getpid()), n);
-    fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
-    if (fd < 0 && errno != EEXIST) break;
-  }
-  if (fd < 0) {
-    log::write(log::Level::Warn, "profile: cannot create a recording in %s (%s); not recording", g_dir,
-               strerror(errno));
-    return -1;
-  }
-  std::string meta = meta_text(), cmdline = read_cmdline();
-  FileHeader h{};
-  memcpy(h.magic, kMagic, sizeof kMagic);
-  h.format_version = kFormatVersion;
-  h.header_bytes = static_cast<uint32_t>((sizeof h + meta.size() + cmdline.size() + 7) & ~size_t(7));
-  h.record_bytes = sizeof(CopyRecord);
-  h.pid = static_cast<uint32_t>(getpid());
-  h.ppid = static_cast<uint32_t>(getppid());
-  h.flags = g_forked ? 1u : 0u;
-  h.monotonic_ns = now_ns();
-  timespec rt;
-  clock_gettime(CLOCK_REALTIME, &rt);
-  h.realtime_ns = static_cast<uint64_t>(rt.tv_sec) * 1000000000ull + static_cast<uint64_t>(rt.tv_nsec);
-  h.meta_bytes = static_cast<uint32_t>(meta.size());
-  h.cmdline_bytes = static_cast<uint32_t>(cmdline.size());
-  std::string head(reinterpret_cast<const char*>(&h), sizeof h);
-  head += meta + cmdline;
-  head.resize(h.header_bytes, '\0');
-  if (!write_all(fd, head.data(), head.size())) {
-    log::write(log::Level::Warn, "profile: cannot write the recording header in %s; not recording", g_dir);
-    close(fd);
-    return -1;
-  }
-  struct stat st;
-  if (fstat(fd, &st) == 0) {
-    g_file_dev = st.st_dev;
-    g_file_ino = st.st_ino;
-  }
-  return fd;
-}
-
-// False once the program closed our descriptor (daemons close every fd): never write into
-// whatever file took its number.
-bool file_still_ours() {
-  struct stat st;
-  if (fstat(g_fd, &st) == 0 && st.st_dev == g_file_dev && st.st_ino == g_file_ino) return true;
-  log::write(log::Level::Warn, "profile: the program closed the recording's file; later copies are lost");
-  g_fd = -1;
-  return false;
-}
-
-// ---- flushing (flusher thread, exit, thread exit) -----------------------------------------------
-
-struct Writer {  // batches record ranges into writev calls without allocating
-  iovec iov[64];
-  int n = 0;
-  void add(const CopyRecord* p, size_t count) {
-    if (!count) return;
-    if (n == 64) drain();
-    iov[n++] = {const_cast<CopyRecord*>(p), count * sizeof(CopyRecord)};
-  }
-  void drain() {
-    if (g_fd < 0) n = 0;
-    int i = 0;
-    while (i < n && !g_write_failed) {
-      ssize_t w = writev(g_fd, iov + i, n - i);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) {
-        g_write_failed = true;
-        log::write(log::Level::Warn, "profile: writing the recording failed (%s); later copies are lost",
-                   strerror(errno));
-        break;
-      }
-      size_t left = static_cast<size_t>(w);
-      for (; i < n && left >= iov[i].iov_len; ++i) left -= iov[i].iov_len;
-      if (i < n) {  // a short write ended inside range i: continue from there
-        iov[i].iov_base = static_cast<char*>(iov[i].iov_base) + left;
-        iov[i].iov_len -= left;
-      }
-    }
-    n = 0;
-  }
-};
 
 // Writes everything appended since the last flush. `may_free`: false while a fatal signal is
 // being handled (the interrupted thread may hold the allocator's lock).
@@ -458,7 +297,7 @@ Block* next_block(ThreadSlot* s, Block* full) {
 }
 
 int init_state() {
-  const char* dir = getenv("CMT_PROFILE_DIR");
+  const char* dir = env().profile_dir.c_str();
   int s = kOff;
   if (dir && *dir && strlen(dir) < sizeof g_dir) {
     strcpy(g_dir, dir);

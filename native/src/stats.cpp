@@ -15,14 +15,14 @@ namespace cmt {
 namespace {
 
 const char* const kNames[] = {
-#define CMT_X(id, name, text) name,
-    CMT_OUTCOMES(CMT_X)
-#undef CMT_X
+#define X_ITEM(id, name, text) name,
+    OUTCOME_TABLE(X_ITEM)
+#undef X_ITEM
 };
 const char* const kTexts[] = {
-#define CMT_X(id, name, text) text,
-    CMT_OUTCOMES(CMT_X)
-#undef CMT_X
+#define X_ITEM(id, name, text) text,
+    OUTCOME_TABLE(X_ITEM)
+#undef X_ITEM
 };
 
 struct Counter {
@@ -48,11 +48,14 @@ void print_report() {
       add("  %s %-16s %10llu copies %16llu bytes\n", direction_name(static_cast<Direction>(d)), kNames[o], c, b);
     }
   }
-  if (!any) {
-    // Quiet in the program's children that never loaded the driver (shells, compilers, ...).
-    if (!dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD)) return;
-    add("  no host<->device copies seen\n");
+  if (!any && !dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD)) {
+    // One debug line, and no report, in the program's processes that never loaded the driver
+    // (shells, compilers, a machine without a GPU).
+    log::write(log::Level::Debug, "no CUDA driver (libcuda.so.1) was loaded in this process: nothing was staged");
+    return;
   }
+  if (!env().stats) return;
+  if (!any) add("  no host<->device copies seen\n");
   ssize_t ignored = write(STDERR_FILENO, buf, len);
   (void)ignored;
 }
@@ -90,7 +93,7 @@ std::string stats_json() {
 void enable_exit_report() {
   static std::atomic<bool> once{false};
   if (once.exchange(true)) return;
-  if (env::flag("CMT_STATS")) atexit(print_report);
+  if (env().stats || log::level() >= log::Level::Debug) atexit(print_report);
 }
 
 }  // namespace cmt

@@ -36,8 +36,7 @@ int64_t now_ns() {
 }  // namespace
 
 bool enabled() {
-  static const bool on = env::flag("CMT_TRACE");
-  return on;
+  return env().trace;
 }
 
 void begin(int direction, size_t bytes, const std::vector<size_t>& block_off, const std::vector<int>& fill,

@@ -15,15 +15,16 @@ A tuned file is JSON::
 
 Each direction lists rules by increasing `min_bytes`; a rule covers copies from its `min_bytes`
 up to the next rule's. A rule either passes copies to the driver (`"mode": "pass"`) or stages
-them with `threads` worker threads (the calling thread is one, 1..64) and a ring of `buffers`
-pinned staging buffers (1..64) of `chunk_bytes` each (4 KiB..256 MiB); each buffer carries one
-DMA, filled or drained by all threads together. `"stores": "stream"` (optional; default
-`"cached"`) fills or drains the buffers with non-temporal stores, which wins on some machines and
-sizes (cmt tune tries it). Copies below the first rule
-pass through. Rules may carry measured figures (`gbps`, `gain`), which cmt ignores when running.
+them with the engine's settings (`Settings`): `threads` worker threads (the calling thread is one),
+a ring of `buffers` pinned staging buffers of `chunk_bytes` each, each buffer carrying one DMA
+filled or drained by all threads together, and `stores` ("cached", the default, or "stream":
+non-temporal stores, which win on some machines and sizes). The settings' names and limits are
+the native engine's (`native.settings_schema()`), so the two can never disagree. Copies below the
+first rule pass through. Rules may carry measured figures (`FIGURES`), which cmt ignores when
+running. Any other key is an error, with its path.
 
 The native library never parses JSON: `to_plan()` turns the rules into the compact string it
-reads from CMT_PLAN ("h2d:0=pass;h2d:1048576=8,16,524288;...").
+reads from CMT_PLAN ("h2d:0=pass;h2d:1048576=threads:8,buffers:16,chunk_bytes:524288,stores:cached").
 
 `select()` picks the file in force: --config, else CMT_CONFIG, else the user's tuned file for this
 machine (`cmt tune` writes `<fingerprint slug>.json` into `user_dir()`), else a profile shipped in
@@ -37,43 +38,73 @@ import contextlib
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from . import native
 from .errors import CmtError
 
 FORMAT = "cmt-tuned-config"
 VERSION = 1
 DIRECTIONS = ("h2d", "d2h")
-MAX_THREADS = 64
-MAX_BUFFERS = 64
-MIN_CHUNK = 4096
-MAX_CHUNK = 256 << 20
+# What a rule may carry besides its settings: figures `cmt tune` measured (ignored when running).
+FIGURES = ("gbps", "gain", "pageable_gbps", "measured_bytes")
+# A tuned file's other top-level keys (informational).
+TOP_LEVEL = ("format", "version", "created", "search", "machine", "source", "note", "tuning", *DIRECTIONS)
+MAX_FILE_BYTES = 1 << 20  # a tuned file is a few KiB; anything larger is not one
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the engine stages a copy: the native table SETTINGS_TABLE (native/src/types.hpp), field
+    for field and in its order. A field with a default may be left out of a tuned file."""
+
+    threads: int
+    buffers: int
+    chunk_bytes: int
+    stores: str = "cached"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_text(self) -> str:
+        """The plan's text form (native/src/settings.hpp): threads:8,buffers:4,..."""
+        return ",".join(f"{k}:{v}" for k, v in asdict(self).items())
+
+    @classmethod
+    def from_text(cls, text: str) -> Settings:
+        values = dict(item.split(":", 1) for item in text.split(","))
+        return cls(**{f.name: values[f.name] if f.type == "str" else int(values[f.name])
+                      for f in fields(cls) if f.name in values})
+
+    def label(self) -> str:
+        """Short, for tables: 8x4x4M (threads x buffers x chunk), with ' nt' for streaming stores."""
+        from .bench.sizes import format_size
+
+        return f"{self.threads}x{self.buffers}x{format_size(self.chunk_bytes)}" + (
+            " nt" if self.stores == "stream" else "")
 
 
 @dataclass(frozen=True)
 class Rule:
+    """Copies from `min_bytes` up to the next rule's: passed to the driver (settings None) or staged."""
+
     min_bytes: int
-    threads: int = 0  # 0: pass through
-    buffers: int = 0
-    chunk_bytes: int = 0
-    stream_stores: bool = False  # "stores": "stream": fill/drain buffers with non-temporal stores
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    settings: Settings | None = None
+    figures: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def passes(self) -> bool:
-        return self.threads == 0
+        return self.settings is None
 
     def to_json(self) -> dict[str, Any]:
         base: dict[str, Any] = {"min_bytes": self.min_bytes}
-        if self.passes:
+        if self.settings is None:
             base["mode"] = "pass"
         else:
-            base.update(threads=self.threads, buffers=self.buffers, chunk_bytes=self.chunk_bytes)
-            if self.stream_stores:
-                base["stores"] = "stream"
-        return {**base, **self.extra}
+            base.update(self.settings.as_dict())
+        return {**base, **self.figures}
 
 
 @dataclass
@@ -82,16 +113,11 @@ class TunedConfig:
     search: str = "manual"
     machine: dict[str, Any] = field(default_factory=dict)
     created: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # informational top-level keys (TOP_LEVEL)
 
     def to_plan(self) -> str:
-        parts = []
-        for direction in DIRECTIONS:
-            for r in self.rules.get(direction, []):
-                what = "pass" if r.passes else f"{r.threads},{r.buffers},{r.chunk_bytes}" + (
-                    ",stream" if r.stream_stores else "")
-                parts.append(f"{direction}:{r.min_bytes}={what}")
-        return ";".join(parts)
+        return ";".join(f"{direction}:{r.min_bytes}=" + ("pass" if r.settings is None else r.settings.to_text())
+                        for direction in DIRECTIONS for r in self.rules.get(direction, []))
 
     def rule_for(self, direction: str, nbytes: int) -> Rule:
         found = Rule(0)
@@ -110,7 +136,14 @@ class TunedConfig:
         return doc
 
 
-_RULE_KEYS = {"min_bytes", "mode", "threads", "buffers", "chunk_bytes", "stores"}
+def from_plan(plan: str, search: str = "default") -> TunedConfig:
+    """The inverse of TunedConfig.to_plan (used to show the library's built-in defaults)."""
+    rules: dict[str, list[Rule]] = {d: [] for d in DIRECTIONS}
+    for part in filter(None, plan.split(";")):
+        head, what = part.split("=", 1)
+        direction, min_bytes = head.split(":")
+        rules[direction].append(Rule(int(min_bytes), None if what == "pass" else Settings.from_text(what)))
+    return TunedConfig(rules, search)
 
 
 def _int(value: Any, where: str, lo: int, hi: int) -> int:
@@ -119,23 +152,53 @@ def _int(value: Any, where: str, lo: int, hi: int) -> int:
     return value
 
 
+def _unknown(keys: Any, known: Any, where: str) -> None:
+    extra = sorted(set(keys) - set(known))
+    if extra:
+        import difflib
+
+        close = difflib.get_close_matches(extra[0], list(known), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise CmtError(f"{where}.{extra[0]}: unknown key{hint}; expected one of {', '.join(known)}")
+
+
+def _parse_settings(raw: dict[str, Any], where: str) -> Settings:
+    """The rule's settings, checked against the engine's own limits and choices."""
+    schema = {f["name"]: f for f in native.settings_schema()}
+    values: dict[str, Any] = {}
+    for f in fields(Settings):
+        spec = schema[f.name]
+        if f.name not in raw:
+            if f.default is MISSING:
+                raise CmtError(f"{where}.{f.name}: missing")
+            continue
+        value = raw[f.name]
+        if "choices" in spec:
+            if value not in spec["choices"]:
+                raise CmtError(f"{where}.{f.name}: expected one of {', '.join(map(repr, spec['choices']))}, "
+                               f"got {value!r}")
+            values[f.name] = value
+        else:
+            values[f.name] = _int(value, f"{where}.{f.name}", spec["min"], spec["max"])
+    return Settings(**values)
+
+
 def _parse_rule(raw: Any, where: str) -> Rule:
     if not isinstance(raw, dict):
         raise CmtError(f"{where}: expected an object, got {type(raw).__name__}")
+    setting_names = [f.name for f in fields(Settings)]
+    _unknown(raw, ["min_bytes", "mode", *setting_names, *FIGURES], where)
     min_bytes = _int(raw.get("min_bytes"), f"{where}.min_bytes", 0, 1 << 62)
-    extra = {k: v for k, v in raw.items() if k not in _RULE_KEYS}
+    figures = {k: v for k, v in raw.items() if k in FIGURES}
     mode = raw.get("mode", "stage")
     if mode == "pass":
-        return Rule(min_bytes, extra=extra)
+        given = [k for k in setting_names if k in raw]
+        if given:
+            raise CmtError(f"{where}.{given[0]}: a pass rule takes no settings")
+        return Rule(min_bytes, None, figures)
     if mode != "stage":
         raise CmtError(f"{where}.mode: expected 'pass' or 'stage', got {mode!r}")
-    threads = _int(raw.get("threads"), f"{where}.threads", 1, MAX_THREADS)
-    buffers = _int(raw.get("buffers"), f"{where}.buffers", 1, MAX_BUFFERS)
-    chunk = _int(raw.get("chunk_bytes"), f"{where}.chunk_bytes", MIN_CHUNK, MAX_CHUNK)
-    stores = raw.get("stores", "cached")
-    if stores not in ("cached", "stream"):
-        raise CmtError(f"{where}.stores: expected 'cached' or 'stream', got {stores!r}")
-    return Rule(min_bytes, threads, buffers, chunk, stores == "stream", extra)
+    return Rule(min_bytes, _parse_settings(raw, where), figures)
 
 
 def parse(doc: Any, source: str = "tuned file") -> TunedConfig:
@@ -147,6 +210,7 @@ def parse(doc: Any, source: str = "tuned file") -> TunedConfig:
     version = doc.get("version")
     if version != VERSION:
         raise CmtError(f"{source}: version {version!r} is not supported (this cmt reads version {VERSION})")
+    _unknown(doc, TOP_LEVEL, source)
     rules: dict[str, list[Rule]] = {}
     for direction in DIRECTIONS:
         raw = doc.get(direction, [])
@@ -169,11 +233,20 @@ def parse(doc: Any, source: str = "tuned file") -> TunedConfig:
 def load(path: str | os.PathLike) -> TunedConfig:
     p = Path(path)
     try:
-        text = p.read_text()
+        with p.open("rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)  # never the whole of /dev/zero
     except FileNotFoundError:
         raise CmtError(f"tuned file {p} does not exist") from None
+    except IsADirectoryError:
+        raise CmtError(f"tuned file {p} is a directory") from None
     except OSError as e:
         raise CmtError(f"cannot read tuned file {p}: {e.strerror}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise CmtError(f"tuned file {p} is larger than {MAX_FILE_BYTES >> 20} MiB: not a tuned file")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CmtError(f"tuned file {p} is not UTF-8 text (byte {e.start}): not a tuned file") from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
@@ -208,20 +281,6 @@ def ensure_writable(path: str | os.PathLike) -> Path:
     except OSError as e:
         raise CmtError(f"cannot write tuned file {p}: {e.strerror or e}") from None
     return p
-
-
-def from_plan(plan: str, search: str = "default") -> TunedConfig:
-    """The inverse of TunedConfig.to_plan (used to show the library's built-in defaults)."""
-    rules: dict[str, list[Rule]] = {d: [] for d in DIRECTIONS}
-    for part in filter(None, plan.split(";")):
-        head, what = part.split("=")
-        direction, min_bytes = head.split(":")
-        if what == "pass":
-            rules[direction].append(Rule(int(min_bytes)))
-        else:
-            t, b, c, *flags = what.split(",")
-            rules[direction].append(Rule(int(min_bytes), int(t), int(b), int(c), "stream" in flags))
-    return TunedConfig(rules, search)
 
 
 # -- where tuned files live and which one is in force ------------------------------------------
@@ -260,7 +319,7 @@ class Selection:
 def _machine_ids() -> list[str]:
     """This machine's hardware ids, cheaply and without CUDA; [] when unknown (never raises)."""
     try:
-        from .tune import machine
+        from . import machine
     except ImportError:
         return []
     return machine.hardware_ids()

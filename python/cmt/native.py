@@ -33,15 +33,18 @@ def load() -> ctypes.CDLL:
     lib.cmt_version.restype = ctypes.c_char_p
     lib.cmt_configure.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
     lib.cmt_configure.restype = ctypes.c_int
-    for name in ("cmt_active_plan", "cmt_stats_json", "cmt_last_timeline"):
+    for name in ("cmt_active_plan", "cmt_stats_json", "cmt_last_timeline", "cmt_settings_schema"):
         fn = getattr(lib, name)
         fn.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
         fn.restype = ctypes.c_int
     lib.cmt_memcpy.argtypes = [
         ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p,
-        ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+        ctypes.c_void_p, ctypes.POINTER(ctypes.c_int),
     ]
     lib.cmt_memcpy.restype = ctypes.c_int
+    lib.cmt_transfer_blocks.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int,
+                                        ctypes.POINTER(ctypes.c_size_t), ctypes.c_size_t]
+    lib.cmt_transfer_blocks.restype = ctypes.c_int
     lib.cmt_plan_stages.argtypes = [ctypes.c_int, ctypes.c_size_t]
     lib.cmt_plan_stages.restype = ctypes.c_int
     lib.cmt_outcome_name.argtypes = [ctypes.c_int]
@@ -80,15 +83,47 @@ class CopyResult(int):
     outcome: str
 
 
+@cache
+def settings_schema() -> tuple[dict, ...]:
+    """The engine's tuning settings in their native order: name, what, and min/max or choices
+    (native/src/types.hpp, SETTINGS_TABLE). cmt.config validates tuned files against it."""
+    import json
+
+    return tuple(json.loads(_read_string(load().cmt_settings_schema)))
+
+
+def _settings_struct(values: dict[str, int | str]) -> ctypes.Array:
+    """The native Settings struct (int64 fields in schema order); a choice is passed as its index."""
+    fields = settings_schema()
+    row = (ctypes.c_int64 * len(fields))()
+    for i, f in enumerate(fields):
+        v = values[f["name"]]
+        row[i] = f["choices"].index(v) if "choices" in f else int(v)
+    return row
+
+
 def memcpy(direction: str, host: int, device: int, nbytes: int, stream: int = 0,
-           threads: int = 0, buffers: int = 0, chunk: int = 0, stream_stores: bool = False) -> CopyResult:
-    """One copy through the engine: direction 'h2d' or 'd2h'; threads=0 lets the plan decide."""
+           settings: dict[str, int | str] | None = None) -> CopyResult:
+    """One copy through the engine: direction 'h2d' or 'd2h'; settings (name -> value, e.g.
+    cmt.config.Settings.as_dict()) stage it as given, None lets the plan decide."""
     outcome = ctypes.c_int(-1)
+    row = _settings_struct(settings) if settings is not None else None
     r = load().cmt_memcpy(0 if direction == "h2d" else 1, host, device, nbytes, stream,
-                          threads, buffers, chunk, int(stream_stores), ctypes.byref(outcome))
+                          ctypes.cast(row, ctypes.c_void_p) if row is not None else None, ctypes.byref(outcome))
     result = CopyResult(r)
     result.outcome = load().cmt_outcome_name(outcome.value).decode()
     return result
+
+
+def transfer_blocks(direction: str, nbytes: int, chunk_bytes: int, lanes: int = 8) -> list[int]:
+    """The block sizes the engine cuts such a copy into (native/src/transfer_plan.hpp), in order."""
+    lib = load()
+    count = lib.cmt_transfer_blocks(0 if direction == "h2d" else 1, nbytes, chunk_bytes, lanes, None, 0)
+    if count < 0:
+        raise CmtError(f"no transfer plan for {nbytes} bytes in blocks of {chunk_bytes}")
+    out = (ctypes.c_size_t * count)()
+    lib.cmt_transfer_blocks(0 if direction == "h2d" else 1, nbytes, chunk_bytes, lanes, out, count)
+    return list(out)
 
 
 TIMELINE_STEPS = ("copy_start", "lane_start", "dma_queued", "dma_done", "lane_end", "copy_end")

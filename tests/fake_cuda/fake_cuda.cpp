@@ -477,12 +477,12 @@ SP ptds_of(Context* c) {
 // Resolve a stream handle in the calling thread. per_thread: what handle 0 means.
 CUresult resolve_stream(CUstream h, bool per_thread, SP& out) {
   if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
-  if (h == nullptr) h = per_thread ? CMT_STREAM_PER_THREAD : CMT_STREAM_LEGACY;
-  if (h == CMT_STREAM_LEGACY || h == CMT_STREAM_PER_THREAD) {
+  if (h == nullptr) h = per_thread ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
+  if (h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) {
     Context* c = current_ctx();
     if (!c) return CUDA_ERROR_INVALID_CONTEXT;
     if (!c->alive) return kErrContextIsDestroyed;
-    out = h == CMT_STREAM_LEGACY ? legacy_of(c) : ptds_of(c);
+    out = h == CU_STREAM_LEGACY ? legacy_of(c) : ptds_of(c);
     return CUDA_SUCCESS;
   }
   Global& g = G();

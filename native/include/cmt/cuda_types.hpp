@@ -36,8 +36,8 @@ enum : int {
 };
 
 // Stream handles with a special meaning (cuda.h CU_STREAM_LEGACY / CU_STREAM_PER_THREAD).
-#define CMT_STREAM_LEGACY ((CUstream)0x1)
-#define CMT_STREAM_PER_THREAD ((CUstream)0x2)
+#define CU_STREAM_LEGACY ((CUstream)0x1)
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
 
 enum : unsigned int {
   CU_STREAM_DEFAULT = 0x0,
