@@ -109,7 +109,7 @@ def measure() -> dict:
         put(f"d2h_pinned_{tag}", size, event_timed(lambda: pinned.copy_(gpu, non_blocking=True), repeat))
         # The same pinned copies timed as the pageable ones are (host clock, device synchronisation
         # on both sides): a synchronisation right after a copy costs 20-45 µs on the H200 machine
-        # whatever the copy (explore_sync.py), which the GPU's events leave out.
+        # whatever the copy (research/explore_sync.py), which the GPU's events leave out.
         put(f"h2d_pinned_host_{tag}", size, host_timed(lambda: gpu.copy_(pinned, non_blocking=True), repeat))
         put(f"d2h_pinned_host_{tag}", size, host_timed(lambda: pinned.copy_(gpu, non_blocking=True), repeat))
         torch.cuda.synchronize()

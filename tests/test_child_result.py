@@ -35,9 +35,9 @@ def test_the_childs_environment_is_the_one_given():
 
 
 def test_a_variant_is_a_known_name_or_its_switches_written_out():
-    known = {"default": {}, "no-tail": {"CMT_SPIN_TAIL": "0"}}
-    assert child_result.variant_env("no-tail", known) == {"CMT_SPIN_TAIL": "0"}
-    assert child_result.variant_env("CMT_CONFIG=a=b.json+CMT_SPIN_YIELD=0", known) == {
-        "CMT_CONFIG": "a=b.json", "CMT_SPIN_YIELD": "0"}
+    known = {"default": {}, "nospin": {"CMT_SPIN_US": "0"}}
+    assert child_result.variant_env("nospin", known) == {"CMT_SPIN_US": "0"}
+    assert child_result.variant_env("CMT_CONFIG=a=b.json+CMT_SPIN_US=20000", known) == {
+        "CMT_CONFIG": "a=b.json", "CMT_SPIN_US": "20000"}
     with pytest.raises(SystemExit, match="unknown variant 'nonsense'"):
         child_result.variant_env("nonsense", known)

@@ -61,7 +61,7 @@ def server(fake_driver_dir):
 
 # Ramped blocks (128K, 256K, 512K, then 1M; device-to-host down to 128K at the end; the ramp starts at chunk/8
 # but at 64 KiB or more) of 4 KiB pieces (CMT_TEST_HOOKS) over 3 threads.
-RAMPED_PLAN = "h2d:1=threads:3,buffers:5,chunk_bytes:1048576,stores:{0};d2h:1=threads:3,buffers:5,chunk_bytes:1048576,stores:{0}"
+RAMPED_PLAN = ";".join(f"{d}:1=threads:3,buffers:5,chunk_bytes:1048576,stores:{{0}}" for d in ("h2d", "d2h"))
 MANY_PIECES = "piece=4096"
 
 

@@ -1,4 +1,4 @@
-"""benchmarks/ratio_table.py: cmt / pinned per run, and the median over runs per environment."""
+"""research/ratio_table.py: cmt / pinned per run, and the median over runs per environment."""
 
 import importlib.util
 import json
@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("ratio_table", ROOT / "benchmarks" / "ratio_table.py")
+spec = importlib.util.spec_from_file_location("ratio_table", ROOT / "research" / "ratio_table.py")
 ratio_table = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ratio_table)
 
