@@ -17,8 +17,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from cmt import cuda, native
-from cmt.bench import fingerprint
+from cmt import cuda, machine, native
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -31,12 +30,12 @@ def build(out_dir: Path, cuda_lib: str) -> Path:
     return exe
 
 
-def machine() -> dict:
+def machine_record() -> dict:
     """The same fingerprint `cmt bench` writes (GPU, PCIe link, CPU, driver)."""
     drv = cuda.load()
     dev = drv.open_device(0)
     try:
-        return fingerprint.machine(drv, dev)
+        return machine.fingerprint(drv, dev)
     finally:
         drv.close_device(dev)
 
@@ -69,7 +68,7 @@ def main() -> None:
                                               "overhead_ns_per_copy": round(r - p, 1), "runs": args.runs}
             print(f"{nbytes:5d} B copies: {p:8.1f} ns plain, {r:8.1f} ns recorded: {r - p:+.1f} ns per copy")
     doc = {"benchmark": "profile_overhead", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-           "machine": machine(), "results": results}
+           "machine": machine_record(), "results": results}
     if args.out:
         Path(args.out).write_text(json.dumps(doc, indent=1))
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cmt.bench import copy_sweep, fingerprint, report
+from cmt import machine, native
+from cmt.bench import copy_sweep, report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -68,10 +69,10 @@ def test_hardware_id_ignores_dates_and_versions():
     fp = {"gpu": "NVIDIA H200", "pcie_gen": 5, "pcie_width": 16, "cpu_model": "Xeon", "cpu_cores": 16,
           "numa_nodes": 1, "date": "2026-01-01", "driver_version": "580"}
     later = {**fp, "date": "2027-01-01", "driver_version": "590", "cmt_version": "9"}
-    assert fingerprint.hardware_id(fp) == fingerprint.hardware_id(later)
-    assert re.fullmatch(r"[0-9a-f]{12}", fingerprint.hardware_id(fp))
-    assert fingerprint.hardware_id({**fp, "pcie_width": 8}) != fingerprint.hardware_id(fp)
-    assert fingerprint.slug(fp).startswith("nvidia-h200-pcie5x16-")
+    assert machine.hardware_id(fp) == machine.hardware_id(later)
+    assert re.fullmatch(r"[0-9a-f]{12}", machine.hardware_id(fp))
+    assert machine.hardware_id({**fp, "pcie_width": 8}) != machine.hardware_id(fp)
+    assert machine.slug(fp).startswith("nvidia-h200-pcie5x16-")
 
 
 def _synthetic_doc() -> dict:
@@ -156,30 +157,30 @@ def test_tuned_file_drives_the_cmt_mode(run_python, tmp_path: Path):
     assert proc.returncode == 0, proc.stderr
     doc = _load(out)
     assert doc["cmt"]["config"] == str(tuned)
-    assert doc["cmt"]["plan"].startswith("h2d:0=2,4,65536")
+    assert doc["cmt"]["plan"].startswith("h2d:0=threads:2,buffers:4,chunk_bytes:65536,stores:cached")
     outcome = {r["direction"]: r["outcome"] for r in doc["results"]}
     assert outcome == {"h2d": "accelerated", "d2h": "below_minimum"}
 
 
 def test_engine_measurement_with_explicit_settings(run_python):
-    """What `cmt tune` calls: measure() with EngineSettings on an open device."""
+    """What `cmt tune` calls: measure() with explicit Settings on an open device."""
     code = """
 import json
 import time
 from cmt import cuda
 from cmt.bench import copy_sweep
+from cmt.config import Settings
 drv = cuda.load()
 dev = drv.open_device(0)
 with copy_sweep.CopyBench(drv, dev, 1 << 20) as b:
-    r = copy_sweep.measure(b, "cmt", "d2h", 1 << 20, repeats=3, warmup=1,
-                           settings=copy_sweep.EngineSettings(2, 4, 128 << 10))
+    r = copy_sweep.measure(b, "cmt", "d2h", 1 << 20, repeats=3, warmup=1, settings=Settings(2, 4, 128 << 10))
 print(json.dumps(r.to_json()))
 """
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r["outcome"] == "accelerated" and r["verified"] and r["repeats"] == 3
-    assert r["settings"] == {"threads": 2, "buffers": 4, "chunk_bytes": 128 << 10, "stream_stores": False}
+    assert r["settings"] == {"threads": 2, "buffers": 4, "chunk_bytes": 128 << 10, "stores": "cached"}
 
 
 # -- bad input and missing hardware ----------------------------------------------------------------
@@ -224,22 +225,26 @@ def test_engine_timeline_shows_the_lanes_and_every_block(run_python):
 import json, time
 from cmt import cuda, native
 from cmt.bench import copy_sweep
+from cmt.config import Settings
 drv = cuda.load()
 dev = drv.open_device(0)
 with copy_sweep.CopyBench(drv, dev, 8 << 20) as b:
     t0 = time.monotonic_ns()
     for direction in ("h2d", "d2h"):
-        b.copy_seconds("cmt", direction, 8 << 20, copy_sweep.EngineSettings(3, 4, 1 << 20))
+        b.copy_seconds("cmt", direction, 8 << 20, Settings(3, 4, 1 << 20))
         tl = native.last_timeline()
         tl["t0"] = t0
         print(json.dumps(tl))
 """
-    proc = run_python(code, env={"CMT_TRACE": "1", "CMT_RAMP": "0"})
+    proc = run_python(code, env={"CMT_TRACE": "1"})
     assert proc.returncode == 0, proc.stderr
     for direction, line in enumerate(proc.stdout.strip().splitlines()[-2:]):
         tl = json.loads(line)
-        assert tl["direction"] == direction and tl["bytes"] == 8 << 20 and tl["blocks"] == 8 and tl["lanes"] == 3
-        assert tl["block_bytes"] == [1 << 20] * 8 and tl["block_fill"] == [0] * 8
+        # 8 MiB in 1 MiB blocks, ramped (see test_only_device_to_host_copies_ramp_down)
+        blocks = native.transfer_blocks(("h2d", "d2h")[direction], 8 << 20, 1 << 20)
+        n = len(blocks)
+        assert tl["direction"] == direction and tl["bytes"] == 8 << 20 and tl["blocks"] == n and tl["lanes"] == 3
+        assert tl["block_bytes"] == blocks and tl["block_fill"] == [0] * n
         steps = tl["steps"]
         names = [s[2] for s in steps]
         assert names[0] == "copy_start" and names[-1] == "copy_end"
@@ -248,64 +253,53 @@ with copy_sweep.CopyBench(drv, dev, 8 << 20) as b:
         started = sorted(s[1] for s in steps if s[2] == "lane_start")
         assert started[0] == 0 and set(started) <= {0, 1, 2} and len(set(started)) == len(started)
         assert started == sorted(s[1] for s in steps if s[2] == "lane_end")
-        assert sorted(s[3] for s in steps if s[2] == "dma_queued") == list(range(8))
+        assert sorted(s[3] for s in steps if s[2] == "dma_queued") == list(range(n))
         times = [s[0] for s in steps]
         assert tl["t0"] <= times[0] <= times[-1] <= time.monotonic_ns()
         # The DMA stream's own times, one [start, end] per block: one stream, so they never overlap
         # (blocks may be queued out of order when lanes finish them out of order).
         gpu = sorted(tl["dma_gpu"])
-        assert len(gpu) == 8 and all(0 <= s <= e for s, e in gpu)
-        assert all(gpu[i][1] <= gpu[i + 1][0] for i in range(7)), gpu
+        assert len(gpu) == n and all(0 <= s <= e for s, e in gpu)
+        assert all(gpu[i][1] <= gpu[i + 1][0] for i in range(n - 1)), gpu
     untraced = run_python("from cmt import native; print(native.last_timeline())")
     assert untraced.returncode == 0 and untraced.stdout.strip() == "None", untraced.stderr
 
 
-def traced_copies(run_python, directions: tuple[str, ...], threads: int, env: dict[str, str]) -> list[dict]:
+def traced_copies(run_python, directions: tuple[str, ...], threads: int, env: dict[str, str] | None = None,
+                  stores: str = "cached") -> list[dict]:
     """The engine's timeline (CMT_TRACE=1) of one 8 MiB copy per direction, in 1 MiB blocks over
     four slots, in a fresh process with `env`."""
     code = f"""
 import json
 from cmt import cuda, native
 from cmt.bench import copy_sweep
+from cmt.config import Settings
 drv = cuda.load()
 with copy_sweep.CopyBench(drv, drv.open_device(0), 8 << 20) as b:
     for direction in {directions!r}:
-        b.copy_seconds("cmt", direction, 8 << 20, copy_sweep.EngineSettings({threads}, 4, 1 << 20))
+        b.copy_seconds("cmt", direction, 8 << 20, Settings({threads}, 4, 1 << 20, {stores!r}))
         print(json.dumps(native.last_timeline()))
 """
-    proc = run_python(code, env={"CMT_TRACE": "1", **env})
+    proc = run_python(code, env={"CMT_TRACE": "1", **(env or {})})
     assert proc.returncode == 0, proc.stderr
     return [json.loads(line) for line in proc.stdout.strip().splitlines()[-len(directions):]]
 
 
-@pytest.mark.parametrize(("ramp_stream", "full"), [("", ""), ("0", "2"), ("1", ""), ("2", ""), ("3", ""), ("1", "2")])
-def test_host_to_device_ramp_blocks_use_streaming_stores(run_python, ramp_stream, full):
-    """CMT_RAMP_STREAM picks which host-to-device ramps are filled with streaming stores whatever
-    the rule says: none (0, the default), the ramp down (1), both (2), the ramp up (3);
-    CMT_RAMP_STREAM_FULL=K adds the last K full blocks to a streamed ramp down (host-to-device
-    copies ramp down with CMT_RAMP_DOWN=1). Device-to-host copies keep the rule's stores."""
-    env = {"CMT_RAMP_DOWN": "1", **({"CMT_RAMP_STREAM": ramp_stream} if ramp_stream else {}),
-           **({"CMT_RAMP_STREAM_FULL": full} if full else {})}
-    h2d, d2h = traced_copies(run_python, ("h2d", "d2h"), threads=3, env=env)
-    # 8 MiB in 1 MiB blocks: ramp up 128K 256K 512K, six full blocks, ramp down 576K 320K 128K 128K
-    sizes = [128 << 10, 256 << 10, 512 << 10] + [1 << 20] * 6 + [576 << 10, 320 << 10, 128 << 10, 128 << 10]
-    assert h2d["block_bytes"] == sizes == d2h["block_bytes"]
-    mode = ramp_stream or "0"
-    up, down = [int(mode in ("2", "3"))] * 3, [int(mode in ("1", "2"))] * 4
-    last_full = [int(mode in ("1", "2") and full == "2")] * 2
-    assert h2d["block_fill"] == up + [0] * 4 + last_full + down
-    assert d2h["block_fill"] == [0] * 13
-
-
-@pytest.mark.parametrize("ramp_down", ["", "0", "1"])
-def test_host_to_device_ramps_down_only_when_asked(run_python, ramp_down):
-    """Host-to-device copies ramp up, then run full blocks to the end (CMT_RAMP_DOWN=1: they ramp
-    down as device-to-host copies always do)."""
-    env = {"CMT_RAMP_DOWN": ramp_down} if ramp_down else {}
-    h2d, d2h = traced_copies(run_python, ("h2d", "d2h"), threads=3, env=env)
+def test_only_device_to_host_copies_ramp_down(run_python):
+    """Both directions ramp up from chunk/8; device-to-host copies then ramp down, host-to-device
+    ones run full blocks to the end. The engine runs along its exported geometry
+    (native.transfer_blocks, what `cmt tune`'s model reads)."""
+    h2d, d2h = traced_copies(run_python, ("h2d", "d2h"), threads=3)
     up, down = [128 << 10, 256 << 10, 512 << 10], [576 << 10, 320 << 10, 128 << 10, 128 << 10]
-    assert d2h["block_bytes"] == up + [1 << 20] * 6 + down
-    assert h2d["block_bytes"] == (up + [1 << 20] * 6 + down if ramp_down == "1" else up + [1 << 20] * 7 + [128 << 10])
+    assert d2h["block_bytes"] == up + [1 << 20] * 6 + down == native.transfer_blocks("d2h", 8 << 20, 1 << 20)
+    assert h2d["block_bytes"] == up + [1 << 20] * 7 + [128 << 10] == native.transfer_blocks("h2d", 8 << 20, 1 << 20)
+
+
+@pytest.mark.parametrize("stores", ["cached", "stream"])
+def test_the_rules_stores_fill_or_drain_every_block(run_python, stores):
+    """The rule's `stores` applies to every block of a copy, ramps included, in both directions."""
+    for tl in traced_copies(run_python, ("h2d", "d2h"), threads=3, stores=stores):
+        assert tl["block_fill"] == [int(stores == "stream")] * tl["blocks"]
 
 
 def test_cmt_mode_below_the_plans_minimum_makes_the_programs_own_call(run_python):
@@ -334,27 +328,24 @@ with copy_sweep.CopyBench(drv, dev, 1 << 20) as b:
     assert lines[1] == ["below_minimum", [1, 0, 0]] and lines[2] == ["below_minimum", [1, 0, 0]]
 
 
-@pytest.mark.parametrize("fresh_threads", ["", "5", "0"])
-def test_never_touched_destinations_get_more_lanes(run_python, fresh_threads):
-    """A device-to-host copy into memory not faulted in yet runs on at least CMT_FRESH_THREADS lanes
-    (default: the usable CPUs, at most 16); one into touched memory keeps the rule's thread count."""
-    env = {"CMT_FRESH_THREADS": fresh_threads} if fresh_threads else {}
-    fresh, touched = traced_copies(run_python, ("d2h-fresh", "d2h"), threads=2, env=env)
-    least = int(fresh_threads) if fresh_threads else min(16, len(os.sched_getaffinity(0)))
-    assert fresh["lanes"] == max(2, least)
+def test_never_touched_destinations_get_more_lanes(run_python):
+    """A device-to-host copy into memory not faulted in yet runs on at least min(16, usable CPUs)
+    lanes; one into touched memory keeps the rule's thread count."""
+    fresh, touched = traced_copies(run_python, ("d2h-fresh", "d2h"), threads=2)
+    assert fresh["lanes"] == max(2, min(16, len(os.sched_getaffinity(0))))
     assert touched["lanes"] == 2
 
 
-@pytest.mark.parametrize("tail", ["1", "0"])
-def test_lanes_spin_through_the_dma_tail(run_python, tail):
+def test_lanes_spin_through_the_dma_tail(run_python):
     """A host-to-device copy returns while its last blocks still wait for the copy engine; the lanes
     spin through that estimated tail (here 64 MiB queued: the 2 ms cap), so that a program which
-    waits for the copy and calls again finds them awake (CMT_SPIN_TAIL=0: they sleep at once).
+    waits for the copy and calls again finds them awake (CMT_SPIN_US=0: no spinning otherwise).
     Only samples read within 1.5 ms of the copy's return (as Python saw it) count."""
     code = """
 import ctypes, json, os, time
 from fake_cuda.fake_client import Driver
 from cmt import native
+from cmt.config import Settings
 drv = Driver()
 drv.init_primary(0)
 n = 64 << 20
@@ -374,7 +365,7 @@ def lane_states():
 
 seen = []
 for _ in range(40):
-    r = native.memcpy("h2d", ctypes.addressof(src), dev, n, s, threads=4, buffers=4, chunk=16 << 20)
+    r = native.memcpy("h2d", ctypes.addressof(src), dev, n, s, Settings(4, 4, 16 << 20).as_dict())
     returned = time.monotonic()
     assert int(r) == 0 and r.outcome == "accelerated", (int(r), r.outcome)
     time.sleep(0.0005)  # long enough for idle workers to fall asleep, well inside a 2 ms spin
@@ -392,15 +383,14 @@ for _ in range(40):
 assert drv.peek(dev, n) == b"\\x5a" * n
 print(json.dumps(seen))
 """
-    proc = run_python(code, env={"CMT_SPIN_US": "0", "CMT_SPIN_TAIL": tail})
+    proc = run_python(code, env={"CMT_SPIN_US": "0"})
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(seen) >= 3, seen
     awake = sum(s == "RRR" for s in seen)
-    # Unloaded, every sample says it: all awake with the tail, all asleep without. A loaded machine
-    # can still preempt the program between the copy's end and its clock, or leave asleep-bound
-    # workers waiting for a CPU (state R): a margin of two samples either way.
-    assert awake >= len(seen) - 2 if tail == "1" else awake <= len(seen) - 3, seen
+    # Unloaded, every sample says it: all awake. A loaded machine can still preempt the program
+    # between the copy's end and its clock: a margin of two samples.
+    assert awake >= len(seen) - 2, seen
 
 
 def test_a_copy_does_not_wait_for_workers_that_start_late(run_python):
@@ -411,9 +401,10 @@ def test_a_copy_does_not_wait_for_workers_that_start_late(run_python):
 import json, time
 from cmt import cuda, native
 from cmt.bench import copy_sweep
+from cmt.config import Settings
 drv = cuda.load()
 with copy_sweep.CopyBench(drv, drv.open_device(0), 8 << 20) as b:
-    s = copy_sweep.EngineSettings(4, 4, 1 << 20)
+    s = Settings(4, 4, 1 << 20)
     seconds = []
     for direction in ("h2d", "d2h"):
         for _ in range(3):
@@ -423,16 +414,7 @@ with copy_sweep.CopyBench(drv, drv.open_device(0), 8 << 20) as b:
         b.verify("cmt", direction, 8 << 20, s)
 print(json.dumps(seconds))
 """
-    proc = run_python(code, env={"CMT_TRACE": "1", "CMT_TEST_LATE_START_US": "300000"})
+    proc = run_python(code, env={"CMT_TRACE": "1", "CMT_TEST_HOOKS": "late_start_us=300000"})
     assert proc.returncode == 0, proc.stderr
     seconds = json.loads(proc.stdout.strip().splitlines()[-1])
     assert max(seconds) < 0.15, seconds
-
-
-def test_host_to_device_ramp_repeats_its_last_step_when_asked(run_python):
-    """CMT_RAMP_REPEAT=1 (an experiment): a host-to-device ramp takes its last step twice before the
-    full blocks; device-to-host copies are unchanged."""
-    h2d, d2h = traced_copies(run_python, ("h2d", "d2h"), threads=3, env={"CMT_RAMP_REPEAT": "1"})
-    up = [128 << 10, 256 << 10, 512 << 10]
-    assert h2d["block_bytes"] == up + [512 << 10] + [1 << 20] * 6 + [640 << 10]
-    assert d2h["block_bytes"] == up + [1 << 20] * 6 + [576 << 10, 320 << 10, 128 << 10, 128 << 10]

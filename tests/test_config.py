@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -9,6 +10,8 @@ import pytest
 from cmt import config as cfg
 from cmt import native
 from cmt.errors import CmtError
+
+MAIN = "import sys; from cmt.cli import main; sys.argv[0] = 'cmt'; main()"
 
 GOOD = {
     "format": "cmt-tuned-config", "version": 1, "search": "manual", "machine": {"gpu": "test"},
@@ -28,14 +31,17 @@ def write(tmp_path, doc) -> str:
 def test_good_file_round_trips_through_the_native_parser(tmp_path):
     conf = cfg.load(write(tmp_path, GOOD))
     plan = conf.to_plan()
-    assert plan == "h2d:0=pass;h2d:1048576=4,8,262144;h2d:67108864=8,4,4194304,stream;d2h:2097152=8,16,1048576"
+    assert plan == ("h2d:0=pass;h2d:1048576=threads:4,buffers:8,chunk_bytes:262144,stores:cached;"
+                    "h2d:67108864=threads:8,buffers:4,chunk_bytes:4194304,stores:stream;"
+                    "d2h:2097152=threads:8,buffers:16,chunk_bytes:1048576,stores:cached")
     native.configure(plan)
     assert native.active_plan() == plan
-    assert conf.rule_for("h2d", 5 << 20).threads == 4
+    assert conf.rule_for("h2d", 5 << 20).settings == cfg.Settings(4, 8, 1 << 18)
+    assert conf.rule_for("h2d", 64 << 20).settings.stores == "stream"
     assert conf.rule_for("d2h", 1 << 20).passes
     # measured figures survive a save/load
     saved = cfg.save(conf, tmp_path / "again.json")
-    assert cfg.load(saved).rules["h2d"][1].extra == {"gbps": 40.0}
+    assert cfg.load(saved).rules["h2d"][1].figures == {"gbps": 40.0}
     assert cfg.load(saved).to_plan() == plan and cfg.from_plan(plan).to_plan() == plan
 
 
@@ -54,6 +60,10 @@ def test_good_file_round_trips_through_the_native_parser(tmp_path):
     ({**GOOD, "d2h": [{"min_bytes": 0, "mode": "fast"}]}, "expected 'pass' or 'stage'"),
     ({**GOOD, "d2h": [{"min_bytes": 0, "threads": 2, "buffers": 2, "chunk_bytes": 4096, "stores": "nt"}]}, "stores"),
     ({**GOOD, "d2h": [{"min_bytes": 0, "threads": True, "buffers": 2, "chunk_bytes": 4096}]}, "threads"),
+    ({**GOOD, "d2h": [{"min_bytes": 0, "threads": 2, "buffers": 2}]}, "d2h[0].chunk_bytes: missing"),
+    ({**GOOD, "d2h": [{"min_bytes": 0, "mode": "pass", "buffers": 2}]}, "d2h[0].buffers: a pass rule takes no"),
+    ({**GOOD, "d2h": [{"min_bytes": 0, "mode": "pass", "stores": "stream"}]}, "d2h[0].stores: a pass rule"),
+    ({**GOOD, "d2h": ["pass"]}, "d2h[0]: expected an object"),
 ])
 def test_corrupt_files_get_clear_errors(tmp_path, doc, message):
     with pytest.raises(CmtError, match=message.replace("[", r"\[").replace("]", r"\]")):
@@ -89,8 +99,100 @@ def test_native_defaults_parse_back():
     assert cfg.from_plan(plan).to_plan() == plan
 
 
-@pytest.mark.parametrize("plan", ["x2d:0=pass", "h2d:0=1,1", "h2d:0=65,65,4096", "h2d:0=2,2,1024", "h2d:a=pass",
-                                  "h2d:0=2,2,4096,fast"])
+@pytest.mark.parametrize("plan", [
+    "x2d:0=pass", "h2d:a=pass", "h2d:0=threads:1,buffers:1", "h2d:0=threads:65,buffers:4,chunk_bytes:4096",
+    "h2d:0=threads:2,buffers:2,chunk_bytes:1024", "h2d:0=threads:2,buffers:2,chunk_bytes:4096,stores:fast",
+    "h2d:0=thraeds:2,buffers:2,chunk_bytes:4096", "h2d:0=threads:2x,buffers:2,chunk_bytes:4096",
+    "h2d:0=2,2,4096",  # the old positional form
+    "h2d:0=threads:2,buffers:2,chunk_bytes:4096,threads:3",  # a setting given twice
+])
 def test_native_rejects_bad_plans(plan):
     with pytest.raises(CmtError):
         native.configure(plan)
+
+
+# -- one home for the settings ------------------------------------------------------------------
+def test_settings_fields_are_the_engines_in_order():
+    """cmt.config.Settings mirrors the native table (native.settings_schema()) field for field:
+    the two homes of the settings must agree."""
+    fields = dataclasses.fields(cfg.Settings)
+    schema = native.settings_schema()
+    assert [f.name for f in fields] == [f["name"] for f in schema]
+    for f, spec in zip(fields, schema, strict=True):
+        if "choices" in spec:
+            assert f.default is dataclasses.MISSING or f.default in spec["choices"], f.name
+        else:
+            assert spec["min"] <= spec["max"], f.name
+
+
+def test_settings_text_and_label():
+    s = cfg.Settings(8, 4, 4 << 20, "stream")
+    assert s.to_text() == "threads:8,buffers:4,chunk_bytes:4194304,stores:stream"
+    assert cfg.Settings.from_text(s.to_text()) == s
+    assert cfg.Settings.from_text("threads:2,buffers:4,chunk_bytes:65536") == cfg.Settings(2, 4, 65536)
+    assert s.as_dict() == {"threads": 8, "buffers": 4, "chunk_bytes": 4 << 20, "stores": "stream"}
+    assert s.label() == "8x4x4M nt" and cfg.Settings(2, 4, 65536).label() == "2x4x64K"
+    native.configure(f"h2d:0={s.to_text()}")
+    assert native.active_plan() == f"h2d:0={s.to_text()}"
+
+
+# -- the command line on hand-edited and broken files -------------------------------------------
+def cmt(run_python, *args: str, env: dict[str, str] | None = None):
+    return run_python(MAIN, args=args, env=env)
+
+
+def one_line_error(proc) -> str:
+    """The only line on stderr: `cmt: ...`, exit 2, no traceback."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("cmt: "), (proc.returncode, proc.stderr)
+    return lines[0]
+
+
+BASE = {"format": "cmt-tuned-config", "version": 1, "h2d": [{"min_bytes": 0, "mode": "pass"}]}
+STAGE = {"min_bytes": 0, "threads": 2, "buffers": 2, "chunk_bytes": 4096}
+
+
+@pytest.mark.parametrize("doc, where", [
+    ({**BASE, "sideways": [STAGE]}, ".sideways: unknown key"),
+    ({**BASE, "H2D": [STAGE]}, ".H2D: unknown key"),
+    ({**BASE, "d2h": [{**{k: v for k, v in STAGE.items() if k != "threads"}, "thraeds": 2}]},
+     "d2h[0].thraeds: unknown key (did you mean 'threads'?)"),
+    ({**BASE, "bogus": 1}, ".bogus: unknown key"),
+    ({**BASE, "d2h": [{**STAGE, "stores": "fast"}]}, "d2h[0].stores: expected one of 'cached', 'stream', got 'fast'"),
+    ({**BASE, "d2h": [{"min_bytes": 0, "mode": "pass", "threads": 2}]}, "d2h[0].threads: a pass rule takes no"),
+])
+def test_hand_edited_mistakes_fail_validation_with_the_keys_path(run_python, tmp_path, doc, where):
+    """A misspelt direction, setting or top-level key, a bad choice, settings on a pass rule: an
+    error naming the key's path, never a file that passes with its rules silently dropped."""
+    path = write(tmp_path, doc)
+    assert where in one_line_error(cmt(run_python, "config", "validate", path))
+
+
+@pytest.fixture
+def not_tuned_files(tmp_path) -> dict[str, str]:
+    """Files that are no tuned file at all: binary, endless, a folder."""
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\xff\xfe{\"format\": \x80\x81}")
+    folder = tmp_path / "folder.json"
+    folder.mkdir()
+    return {"binary": str(binary), "endless": "/dev/zero", "folder": str(folder)}
+
+
+WAYS = {
+    "validate": lambda f, out: (["config", "validate", f], {}),
+    "show": lambda f, out: (["config", "show", "--config", f], {}),
+    "show with CMT_CONFIG": lambda f, out: (["config", "show"], {"CMT_CONFIG": f}),
+    "bench copy": lambda f, out: (["bench", "copy", "--quick", "--config", f, "--out", out], {}),
+    "bench copy with CMT_CONFIG": lambda f, out: (["bench", "copy", "--quick", "--out", out], {"CMT_CONFIG": f}),
+    "run": lambda f, out: (["run", "--config", f, "--", "true"], {}),
+    "run with CMT_CONFIG": lambda f, out: (["run", "--", "true"], {"CMT_CONFIG": f}),
+}
+
+
+@pytest.mark.parametrize("way", list(WAYS))
+def test_a_file_that_is_no_tuned_file_is_a_one_line_error(run_python, tmp_path, not_tuned_files, way):
+    expected = {"binary": "is not UTF-8 text", "endless": "is larger than 1 MiB", "folder": "is a directory"}
+    for kind, path in not_tuned_files.items():
+        args, env = WAYS[way](path, str(tmp_path / "out"))
+        line = one_line_error(cmt(run_python, *args, env={"XDG_CONFIG_HOME": str(tmp_path / "config"), **env}))
+        assert path in line and expected[kind] in line, (kind, line)

@@ -12,9 +12,7 @@ from pathlib import Path
 import pytest
 
 from cmt import config as cfg
-from cmt import cuda
-from cmt.bench import fingerprint
-from cmt.tune import machine
+from cmt import cuda, machine
 
 H200_ID = "1a2c1d17dfe9"
 H200_SLUG = f"nvidia-h200-pcie5x16-{H200_ID}"
@@ -61,7 +59,7 @@ def test_order_config_env_user_file_profile_defaults(home, monkeypatch):
     mine = write(cfg.user_dir() / cfg.file_name(H200_SLUG), tuned(H200, threads=5))
     sel = cfg.select(None)
     assert sel.path == mine and "tuned for this machine" in sel.reason
-    assert sel.config.rule_for("h2d", 1 << 20).threads == 5
+    assert sel.config.rule_for("h2d", 1 << 20).settings.threads == 5
     # CMT_CONFIG beats that, --config beats both
     env = write(home / "env.json", tuned(H200, threads=6))
     monkeypatch.setenv("CMT_CONFIG", str(env))
@@ -130,7 +128,7 @@ def test_profiles_ship_with_the_installed_package():
     assert cfg.PROFILES_DIR / f"{H200_SLUG}.json" in profiles
     for p in profiles:
         conf = cfg.load(p)
-        assert p.stem == conf.machine["slug"] and conf.machine["hardware_id"] == fingerprint.hardware_id(conf.machine)
+        assert p.stem == conf.machine["slug"] and conf.machine["hardware_id"] == machine.hardware_id(conf.machine)
 
 
 # -- identifying this machine without CUDA -----------------------------------------------------------
@@ -185,8 +183,8 @@ def test_remember_identifies_machines_procfs_does_not_show(home, monkeypatch, tm
     monkeypatch.setattr(machine, "PROC_GPUS", tmp_path / "nothing")
     assert machine.identify() == []
     measured = {**H200, "pci_bus_id": "00000000:00:06.0", "date": "today", "cpu_cores": os.cpu_count(),
-                "cpu_model": fingerprint.cpu_model(), "numa_nodes": fingerprint.numa_nodes()}
-    measured["hardware_id"] = fingerprint.hardware_id(measured)
+                "cpu_model": machine.cpu_model(), "numa_nodes": machine.numa_nodes()}
+    measured["hardware_id"] = machine.hardware_id(measured)
     machine.remember(measured)
     (hw,) = machine.identify()
     assert hw["hardware_id"] == measured["hardware_id"] and hw["pci_bus_id"] == "0000:00:06.0"

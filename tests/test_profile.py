@@ -165,15 +165,18 @@ def build(fake_driver_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def cmt_profile(fake_driver_dir, lib):
-    def run(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
+    def run(*args, env=None, timeout=120, prelude=None) -> subprocess.CompletedProcess:
+        """`cmt profile ARGS`; `prelude`: Python run first in the same process."""
         e = dict(os.environ)
         e["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(fake_driver_dir), e.get("LD_LIBRARY_PATH")]))
         e["CMT_LIBRARY"] = str(lib)
         e["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "tests"), e.get("PYTHONPATH")]))
         e.pop("CMT_CONFIG", None)
         e.update(env or {})
-        return subprocess.run([sys.executable, "-m", "cmt", "profile", *map(str, args)], capture_output=True,
-                              text=True, timeout=timeout, env=e)
+        cmt = [sys.executable, "-c", f"{prelude}\nfrom cmt.cli import main; main()"] if prelude else [
+            sys.executable, "-m", "cmt"]
+        return subprocess.run([*cmt, "profile", *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                              env=e)
 
     run.fake_dir, run.lib = fake_driver_dir, lib
     return run
@@ -278,6 +281,24 @@ def test_saved_recording_rerenders(mix_run, cmt_profile):
     assert "below minimum size" in text.stdout and "Traceback" not in text.stderr
 
 
+def test_without_matplotlib_the_chart_is_skipped_with_one_line(build, cmt_profile, mix_run, tmp_path):
+    """matplotlib is the `plot` extra: without it the recording, trace and report are all written."""
+    no_matplotlib = "import sys; sys.modules['matplotlib'] = None"
+    skipped = "cmt: PNG plot skipped: matplotlib is not installed (pip install 'cudamemcpy-tuner[plot]')"
+    res = cmt_profile("--out", tmp_path / "mix.cmtprof", "--trace", tmp_path / "mix.json", "--",
+                      build("mix", MIX), prelude=no_matplotlib)
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.count(skipped) == 1 and "Traceback" not in res.stderr
+    assert (tmp_path / "mix.cmtprof").is_file() and json.loads((tmp_path / "mix.json").read_text())
+    assert not (tmp_path / "mix.png").exists() and "chart of the share of bytes" not in res.stdout
+    assert "Share of h2d bytes by copy size" in res.stdout
+    _, saved = mix_run
+    res = cmt_profile("--report", saved / "mix.cmtprof", "--chart", tmp_path / "c.png", "--json",
+                      prelude=no_matplotlib)
+    assert res.returncode == 0 and res.stderr.count(skipped) == 1, res.stderr
+    assert json.loads(res.stdout)["groups"] and not (tmp_path / "c.png").exists()
+
+
 def test_saving_from_tuned_file_and_bench(mix_run, cmt_profile, tmp_path):
     _, out = mix_run
     tuned = {"format": "cmt-tuned-config", "version": 1,
@@ -375,6 +396,28 @@ def test_bad_input(cmt_profile, args, message, code):
     res = cmt_profile(*args)
     assert res.returncode == code
     assert message in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("args, code", [(["--", "no-such-command-cmt"], 127),
+                                         (["--config", "/nonexistent.json", "--", "true"], 2)])
+def test_a_failed_run_leaves_no_output_folder_behind(cmt_profile, tmp_path, args, code):
+    work = tmp_path / "work"
+    work.mkdir()
+    res = cmt_profile("--out", work / "a" / "b" / "r.cmtprof", "--trace", work / "t" / "t.json", *args)
+    assert res.returncode == code and "Traceback" not in res.stderr
+    assert list(work.iterdir()) == []
+
+
+def test_the_recording_is_never_renamed_over_a_special_file(cmt_profile, tmp_path):
+    """It is written beside and renamed over: run as root, --out /dev/null would replace the device."""
+    import socket
+
+    path = tmp_path / "sock"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(path))
+        res = cmt_profile("--out", path, "--", "true")
+    assert res.returncode == 2 and f"cmt: cannot write recording {path}: not a regular file" in res.stderr
+    assert path.is_socket()
 
 
 def _rec_file(version: int) -> bytes:

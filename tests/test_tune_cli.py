@@ -16,9 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from cmt import config as cfg
-from cmt import native
+from cmt import machine, native
 from cmt.cli import main
-from cmt.tune import machine
 
 MAIN = "import sys; from cmt.cli import main; sys.argv[0] = 'cmt'; main()"
 PRINT_PLAN = "import os, sys; print('PLAN=' + os.environ.get('CMT_PLAN', '')); sys.exit(3)"
@@ -56,13 +55,15 @@ def test_full_search_writes_a_valid_tuned_file(run_python, xdg, tmp_path):
     h2d = conf.rules["h2d"]
     assert h2d[0] == cfg.Rule(0)
     for r in h2d[1:]:
-        assert not r.passes and r.extra["gbps"] > 0 and r.extra["gain"] > 1 and r.extra["measured_bytes"]
+        assert not r.passes and r.figures["gbps"] > 0 and r.figures["gain"] > 1 and r.figures["measured_bytes"]
     # d2h was not tuned: it keeps the rules in force before (the built-in defaults)
     defaults = run_python("from cmt import native; print(native.active_plan())", env=xdg).stdout.strip()
     assert [r.to_json() for r in conf.rules["d2h"]] == [r.to_json() for r in cfg.from_plan(defaults).rules["d2h"]]
     tuning = conf.extra["tuning"]
     assert tuning["search"] == "full" and tuning["copies"] > 100 and tuning["sizes"] == [256 << 10, 1 << 20]
     assert {r["bytes"] for r in tuning["results"]} == {256 << 10, 1 << 20}
+    # each measured size's settings, as a tuned file's rule writes them
+    assert all(cfg.Settings(**r["settings"]).as_dict() == r["settings"] for r in tuning["results"])
     native.configure(conf.to_plan())
     v = cmt(run_python, xdg, "config", "validate", str(out))
     assert v.returncode == 0 and "valid cmt tuned file" in v.stdout and "tuned for this machine" in v.stdout
@@ -76,6 +77,7 @@ def test_instant_search(run_python, xdg, tmp_path):
     assert conf.search == "instant"
     model = conf.extra["tuning"]["model"]
     assert set(model) == {"h2d", "d2h"} and all(m["link_gbps"] > 0 and m["lane_gbps"] > 0 for m in model.values())
+    assert all(m["direction"] == d for d, m in model.items())  # each direction's own block geometry
     for d in ("h2d", "d2h"):
         assert conf.rules[d][0] == cfg.Rule(0) and any(not r.passes for r in conf.rules[d])
     native.configure(conf.to_plan())
@@ -250,7 +252,7 @@ def _real_tune(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess,
 def _check_real(conf: cfg.TunedConfig) -> None:
     for d in cfg.DIRECTIONS:
         rules = conf.rules[d]
-        assert rules[0].passes and rules[-1].extra["gain"] > 1.5, rules  # large copies: well above the driver
+        assert rules[0].passes and rules[-1].figures["gain"] > 1.5, rules  # large copies: well above the driver
         assert rules[1].min_bytes >= 64 << 10  # tiny copies pass through
 
 

@@ -3,7 +3,6 @@ sweep (cmt.tune.model.H200) with seeded noise, and the sweep's own measurements.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import random
@@ -14,9 +13,8 @@ from pathlib import Path
 import pytest
 
 from cmt import config as cfg
-from cmt import native
-from cmt.bench import fingerprint
-from cmt.bench.copy_sweep import EngineSettings
+from cmt import machine, native
+from cmt.config import Settings
 from cmt.tune import model, search
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,19 +36,19 @@ class Simulated:
         self.noise, self.rng, self.pageable = noise, random.Random(seed), pageable
         self.calls: Counter = Counter()
 
-    def truth(self, direction: str, nbytes: int, s: EngineSettings | None) -> float:
+    def truth(self, direction: str, nbytes: int, s: Settings | None) -> float:
         return self.pageable(nbytes) if s is None else model.H200[direction].gbps(nbytes, s)
 
-    def __call__(self, direction: str, nbytes: int, s: EngineSettings | None) -> float:
+    def __call__(self, direction: str, nbytes: int, s: Settings | None) -> float:
         self.calls[(direction, nbytes, s)] += 1
         return self.truth(direction, nbytes, s) * (1 + self.rng.gauss(0, self.noise))
 
 
-def grid(nbytes: int) -> list[EngineSettings]:
+def grid(nbytes: int) -> list[Settings]:
     return search.candidates(nbytes, 16)
 
 
-def optimum(direction: str, nbytes: int) -> tuple[EngineSettings, float]:
+def optimum(direction: str, nbytes: int) -> tuple[Settings, float]:
     estimates = {c: model.H200[direction].gbps(nbytes, c) for c in grid(nbytes)}
     return search.choose(estimates, 0.01), max(estimates.values())
 
@@ -60,15 +58,15 @@ def test_candidates_respect_cores_blocks_and_limits():
     for n in SIZES:
         for c in search.candidates(n, 6, max_threads=4):
             assert 1 <= c.threads <= 4
-            assert c.chunk <= max(64 * KIB, n // 2) and c.chunk * search.MAX_BLOCKS >= n
-            assert c.buffers <= max(2, -(-n // c.chunk))
+            assert c.chunk_bytes <= max(64 * KIB, n // 2) and c.chunk_bytes * search.MAX_BLOCKS >= n
+            assert c.buffers <= max(2, -(-n // c.chunk_bytes))
     assert {c.threads for c in search.candidates(MIB, 16)} == {1, 2, 3, 4, 6, 8, 10, 12, 14, 16}
     assert {c.threads for c in search.candidates(MIB, 1)} == {1}
-    assert search.resource(EngineSettings(2, 16, 8 * MIB)) < search.resource(EngineSettings(3, 2, 64 * KIB))
+    assert search.resource(Settings(2, 16, 8 * MIB)) < search.resource(Settings(3, 2, 64 * KIB))
 
 
 def test_choose_takes_the_least_resources_within_one_percent():
-    a, b, c = EngineSettings(8, 4, MIB), EngineSettings(4, 4, MIB), EngineSettings(2, 4, MIB)
+    a, b, c = Settings(8, 4, MIB), Settings(4, 4, MIB), Settings(2, 4, MIB)
     assert search.choose({a: 10.0, b: 9.95, c: 9.8}, 0.01) == b
     assert search.choose({a: 10.0, b: 9.95, c: 9.8}, 0.03) == c
 
@@ -76,7 +74,7 @@ def test_choose_takes_the_least_resources_within_one_percent():
 # -- the model --------------------------------------------------------------------------------------
 def test_model_follows_the_h200_sweep():
     rows = json.loads(SWEEP.read_text())["rows"]
-    errors = [math.log(model.H200[r["direction"]].gbps(r["size"], EngineSettings(r["threads"], r["buffers"],
+    errors = [math.log(model.H200[r["direction"]].gbps(r["size"], Settings(r["threads"], r["buffers"],
                                                                                 r["chunk"])) / r["gbps"])
               for r in rows]
     assert math.sqrt(sum(e * e for e in errors) / len(errors)) < 0.2
@@ -85,7 +83,7 @@ def test_model_follows_the_h200_sweep():
         for n in sorted({r["size"] for r in rows}):
             here = [r for r in rows if r["direction"] == d and r["size"] == n]
             measured = max(here, key=lambda r: r["gbps"])["chunk"]
-            predicted = max(here, key=lambda r: model.H200[d].gbps(n, EngineSettings(r["threads"], r["buffers"],
+            predicted = max(here, key=lambda r: model.H200[d].gbps(n, Settings(r["threads"], r["buffers"],
                                                                                       r["chunk"])))["chunk"]
             assert predicted in (measured // 2, measured, measured * 2), (d, n)
 
@@ -94,56 +92,57 @@ def test_model_pipeline_shape():
     m = model.H200["h2d"]
     big = 256 * MIB
     # more lanes help until memory bandwidth is reached, then cost overhead
-    assert m.gbps(big, EngineSettings(1, 8, 4 * MIB)) < m.gbps(big, EngineSettings(6, 8, 4 * MIB))
-    assert m.gbps(big, EngineSettings(8, 8, 4 * MIB)) > m.gbps(big, EngineSettings(64, 8, 4 * MIB))
+    assert m.gbps(big, Settings(1, 8, 4 * MIB)) < m.gbps(big, Settings(6, 8, 4 * MIB))
+    assert m.gbps(big, Settings(8, 8, 4 * MIB)) > m.gbps(big, Settings(64, 8, 4 * MIB))
     # tiny blocks pay per-block overhead; one buffer serialises the stages
-    assert m.gbps(big, EngineSettings(8, 8, 64 * KIB)) < 0.5 * m.gbps(big, EngineSettings(8, 8, 4 * MIB))
-    assert m.gbps(big, EngineSettings(8, 1, 4 * MIB)) < m.gbps(big, EngineSettings(8, 4, 4 * MIB))
-    assert m.gbps(big, EngineSettings(8, 8, 8 * MIB)) < m.link_gbps
+    assert m.gbps(big, Settings(8, 8, 64 * KIB)) < 0.5 * m.gbps(big, Settings(8, 8, 4 * MIB))
+    assert m.gbps(big, Settings(8, 1, 4 * MIB)) < m.gbps(big, Settings(8, 4, 4 * MIB))
+    assert m.gbps(big, Settings(8, 8, 8 * MIB)) < m.link_gbps
 
 
-def test_cut_follows_the_engine_geometry():
-    assert model.cut(16 * MIB, 2 * MIB, ramp=False) == [(2 * MIB, 8)]
-    assert model.cut(5 * MIB, 2 * MIB, ramp=False) == [(2 * MIB, 2), (MIB, 1)]
-    # ramped: up from chunk/8, full blocks, then down by halving what is left (64 KiB multiples)
-    assert model.cut(16 * MIB, 2 * MIB, ramp=True) == [
+def test_model_blocks_are_the_engines_per_direction():
+    """The model reads the engine's own block geometry (native.transfer_blocks), grouped."""
+    # device-to-host: up from chunk/8, full blocks, then down by halving what is left (64 KiB multiples)
+    assert model.blocks("d2h", 16 * MIB, 2 * MIB) == (
         (256 * KIB, 1), (512 * KIB, 1), (MIB, 1), (2 * MIB, 6), (1152 * KIB, 1), (576 * KIB, 1), (320 * KIB, 1),
-        (256 * KIB, 1)]
-    assert model.cut(64 * MIB, 4 * MIB, ramp=True)[-3:] == [(576 * KIB, 1), (320 * KIB, 1), (256 * KIB, 1)]
-    assert model.cut(100, 4096, ramp=True) == [(100, 1)]
+        (256 * KIB, 1))
+    assert model.blocks("d2h", 64 * MIB, 4 * MIB)[-3:] == ((576 * KIB, 1), (320 * KIB, 1), (256 * KIB, 1))
     # host-to-device: up, then full blocks to the end
-    assert model.cut(16 * MIB + KIB, 2 * MIB, ramp=True, down=False) == [
-        (256 * KIB, 1), (512 * KIB, 1), (MIB, 1), (2 * MIB, 7), (256 * KIB + KIB, 1)]
-    for n in (4096, 1000003, 64 * MIB + 5):
-        for chunk in (4 * KIB, 64 * KIB, 2 * MIB):
-            for ramp, down in ((False, True), (True, True), (True, False)):
-                blocks = model.cut(n, chunk, ramp, down)
+    assert model.blocks("h2d", 16 * MIB + KIB, 2 * MIB) == (
+        (256 * KIB, 1), (512 * KIB, 1), (MIB, 1), (2 * MIB, 7), (256 * KIB + KIB, 1))
+    assert model.blocks("h2d", 100, 4096) == model.blocks("d2h", 100, 4096) == ((100, 1),)
+    for d in ("h2d", "d2h"):
+        for n in (4096, 1000003, 64 * MIB + 5):
+            for chunk in (4 * KIB, 64 * KIB, 2 * MIB):
+                blocks = model.blocks(d, n, chunk)
+                assert [c for c, k in blocks for _ in range(k)] == native.transfer_blocks(d, n, chunk)
                 assert sum(c * k for c, k in blocks) == n and all(0 < c <= chunk for c, _ in blocks)
+    assert model.H200["h2d"].direction == "h2d" and model.H200["d2h"].direction == "d2h"
 
 
-def test_ramping_shortens_fill_and_drain():
+def test_ramping_shortens_fill_and_drain(monkeypatch):
     m = model.H200["h2d"]
-    ramped = dataclasses.replace(m, ramp=True)
-    s = EngineSettings(8, 8, 8 * MIB)
-    assert ramped.gbps(64 * MIB, s) > m.gbps(64 * MIB, s)
+    s = Settings(8, 8, 8 * MIB)
+    ramped = m.gbps(64 * MIB, s)
+    monkeypatch.setattr(model, "blocks", lambda d, n, c: ((c, n // c),))  # blocks of equal size
+    assert ramped > m.gbps(64 * MIB, s)
 
 
 def _probe_from(m: model.PipelineModel) -> model.Probe:
     """What measure.probe would see on a machine that behaves exactly like the model."""
     small, large = 256 * KIB, 64 * MIB
     pin = lambda n: n / (m.link_gbps * 1e9) + m.dma_overhead_s  # noqa: E731
-    blocks = [EngineSettings(2, 16, 64 * KIB), EngineSettings(8, 16, 64 * KIB)]
-    one = EngineSettings(1, 1, 64 * KIB)
+    blocks = [Settings(2, 16, 64 * KIB), Settings(8, 16, 64 * KIB)]
+    one = Settings(1, 1, 64 * KIB)
     return model.Probe((small, pin(small)), (large, pin(large)), (large, large / (m.lane_gbps * 1e9)),
                        (16, large, large / (m.memory_gbps * 1e9)),
                        tuple((s, 8 * MIB, m.seconds(8 * MIB, s)) for s in blocks),
-                       (one, 64 * KIB, m.seconds(64 * KIB, one)), m.cores, m.ramp)
+                       (one, 64 * KIB, m.seconds(64 * KIB, one)), m.cores, m.direction)
 
 
-@pytest.mark.parametrize("ramp", [False, True])
 @pytest.mark.parametrize("direction", ["h2d", "d2h"])
-def test_fit_recovers_the_model_from_its_probe(direction, ramp):
-    truth = dataclasses.replace(model.H200[direction], ramp=ramp)
+def test_fit_recovers_the_model_from_its_probe(direction):
+    truth = model.H200[direction]
     fitted = model.fit(_probe_from(truth))
     for name in ("link_gbps", "lane_gbps", "memory_gbps", "dma_overhead_s", "copy_overhead_s"):
         assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=0.02), name
@@ -164,7 +163,9 @@ def test_instant_search_gives_valid_rules_near_the_optimum():
             _, best = optimum(d, r.nbytes)
             assert sim.truth(d, r.nbytes, r.settings) >= 0.98 * best
             assert sum(sim.calls[(d, r.nbytes, s)] for s in (r.settings, None)) == 2 * search.INSTANT.final_samples
-        assert result.threshold is not None and 64 * KIB < result.threshold <= MIB
+        # With the engine's ramped blocks the grid's best at 1 MiB (chunks up to 512K, cut into five
+        # or six blocks) is about 10.3 GB/s, under the driver's 10.8: staging starts at 4 MiB.
+        assert result.threshold is not None and MIB < result.threshold <= 4 * MIB
         config_rules[d] = search.rules(result)
     doc = cfg.TunedConfig(config_rules, "instant", {"hardware_id": "x"}).to_json()
     native.configure(cfg.parse(doc).to_plan())  # the native parser accepts it too
@@ -173,10 +174,10 @@ def test_instant_search_gives_valid_rules_near_the_optimum():
 def test_shortlist_halves_the_ring_and_adds_the_settings_in_force():
     n = 1 << 30
     estimates = {c: model.H200["h2d"].gbps(n, c) for c in grid(n)}
-    prior = EngineSettings(10, 4, 8 * MIB)
+    prior = Settings(10, 4, 8 * MIB)
     picks = model.shortlist(estimates, 0.01, prior)
     assert picks[0] == search.choose(estimates, 0.01) and picks[-1] == prior
-    rings = [c.buffers * c.chunk for c in picks[:-1]]
+    rings = [c.buffers * c.chunk_bytes for c in picks[:-1]]
     assert len(picks) == model.SHORTLIST + 1 and all(b <= a // 2 for a, b in zip(rings, rings[1:], strict=False))
     assert model.shortlist(estimates, 0.01, picks[1]) == picks[:model.SHORTLIST]  # no duplicates
     assert model.shortlist({}, 0.01, prior) == [prior] and model.shortlist({}, 0.01) == []
@@ -190,14 +191,14 @@ def test_instant_search_measures_past_what_the_model_misses():
     class Spilling(Simulated):
         def truth(self, direction, nbytes, s):
             g = super().truth(direction, nbytes, s)
-            return g * 0.6 if s is not None and s.buffers * s.chunk > 64 * MIB else g
+            return g * 0.6 if s is not None and s.buffers * s.chunk_bytes > 64 * MIB else g
 
     sim = Spilling(noise=0.02, seed=5)
     sizes = [256 * MIB, 1 << 30]
     result, _ = model.search_direction(sim, _probe_from(model.H200["h2d"]), "h2d", sizes, grid, search.INSTANT)
     for r in result.sizes:
         best = max(sim.truth("h2d", r.nbytes, c) for c in grid(r.nbytes))
-        assert r.settings.buffers * r.settings.chunk <= 64 * MIB
+        assert r.settings.buffers * r.settings.chunk_bytes <= 64 * MIB
         assert sim.truth("h2d", r.nbytes, r.settings) >= 0.95 * best
 
 
@@ -207,15 +208,15 @@ def test_instant_search_tries_the_other_store_mode():
 
     class Streaming(Simulated):
         def truth(self, direction, nbytes, s):
-            return super().truth(direction, nbytes, s) * (1.4 if s is not None and s.stream_stores else 1.0)
+            return super().truth(direction, nbytes, s) * (1.4 if s is not None and s.stores == "stream" else 1.0)
 
     sim = Streaming(noise=0.02, seed=11)
     result, _ = model.search_direction(sim, _probe_from(model.H200["h2d"]), "h2d", [16 * MIB, 64 * MIB], grid,
                                        search.INSTANT)
-    assert all(r.settings.stream_stores for r in result.sizes)
+    assert all(r.settings.stores == "stream" for r in result.sizes)
     plain = Simulated(noise=0.02, seed=11)
     result, _ = model.search_direction(plain, _probe_from(model.H200["h2d"]), "h2d", [16 * MIB], grid, search.INSTANT)
-    assert not result.sizes[0].settings.stream_stores  # no gain, no switch
+    assert result.sizes[0].settings.stores == "cached"  # no gain, no switch
 
 
 # -- the full search --------------------------------------------------------------------------------
@@ -257,21 +258,28 @@ def test_planned_measurements_matches_the_halving():
     assert search.planned_measurements(len(grid(n))) < 0.2 * len(grid(n)) * search.DEFAULTS.final_samples
 
 
-def test_pass_through_threshold_is_found_by_bisection():
-    sim = Simulated(noise=0.0)
+@pytest.mark.parametrize("driver", [1.0, 1.5])
+def test_pass_through_threshold_is_found_by_bisection(driver):
+    """The threshold is bisected between the largest size that passes and the first staged one,
+    measuring the first staged rule's settings. With the driver's copy 1.5 times as fast, those
+    settings cross it in between; as it is, they beat it at the size below already (a 1 MiB chunk,
+    cut into the engine's ramped blocks, beats the driver at 1 MiB, where that size's own grid,
+    chunks up to half the copy, does not), and the bisection closes in on that size."""
+    pageable = lambda n: driver * pageable_gbps(n)  # noqa: E731
+    sim = Simulated(noise=0.0, pageable=pageable)
     result = search.search_direction(sim, "h2d", SIZES, grid)
     assert result.threshold is not None
     staged = [r for r in result.sizes if r.nbytes >= result.threshold]
     first = staged[0]
     # the true crossing of the first staged rule's settings with the driver's copy
     def margin(n):
-        return sim.truth("h2d", n, first.settings) / pageable_gbps(n) - (1 + search.DEFAULTS.win_margin)
+        return sim.truth("h2d", n, first.settings) / pageable(n) - (1 + search.DEFAULTS.win_margin)
     below = [r.nbytes for r in result.sizes if r.nbytes < first.nbytes][-1]
-    assert margin(below) < 0 < margin(first.nbytes)
+    assert margin(first.nbytes) > 0 and (margin(below) < 0) == (driver > 1)
     lo, hi = below, first.nbytes
     for _ in range(40):
         mid = math.sqrt(lo * hi)
-        lo, hi = (lo, mid) if margin(mid) > 0 else (mid, hi)
+        lo, hi = (lo, mid) if margin(int(mid)) > 0 else (mid, hi)
     assert hi / 1.25 <= result.threshold <= hi * 1.25
     assert below < result.threshold <= first.nbytes
     rules = search.rules(result)
@@ -279,7 +287,7 @@ def test_pass_through_threshold_is_found_by_bisection():
     assert rules[1].min_bytes == result.threshold and not rules[1].passes
     assert [r.min_bytes for r in rules[2:]] == [r.nbytes for r in staged[1:]]
     for r in rules[1:]:
-        assert r.extra["gain"] > 1 and r.extra["gbps"] > 0 and r.extra["measured_bytes"] in SIZES
+        assert r.figures["gain"] > 1 and r.figures["gbps"] > 0 and r.figures["measured_bytes"] in SIZES
 
 
 def test_pass_through_everywhere_and_nowhere():
@@ -294,20 +302,20 @@ def test_pass_through_everywhere_and_nowhere():
 def test_search_on_the_real_h200_sweep():
     """The sweep's own measurements (with noise on top) as the machine, on the sweep's grid."""
     rows = json.loads(SWEEP.read_text())["rows"]
-    table = {(r["direction"], r["size"], EngineSettings(r["threads"], r["buffers"], r["chunk"])): r["gbps"]
+    table = {(r["direction"], r["size"], Settings(r["threads"], r["buffers"], r["chunk"])): r["gbps"]
              for r in rows}
     default = {(r["direction"], r["size"]): r["default"] for r in rows}
     rng = random.Random(7)
 
     def measure(d, n, s):
         # The sweep measured cached stores only: the other store mode is taken to be the same.
-        s = s if s is None else replace(s, stream_stores=False)
+        s = s if s is None else replace(s, stores="cached")
         return (default[(d, n)] if s is None else table[(d, n, s)]) * (1 + rng.gauss(0, 0.02))
 
     for (d, n), _ in default.items():
         here = {s: g for (dd, nn, s), g in table.items() if (dd, nn) == (d, n)}
         r = search.search_size(measure, d, n, list(here))
-        assert here[replace(r.settings, stream_stores=False)] >= 0.97 * max(here.values()), (d, n)
+        assert here[replace(r.settings, stores="cached")] >= 0.97 * max(here.values()), (d, n)
 
 
 # -- the shipped profile -----------------------------------------------------------------------------
@@ -321,8 +329,8 @@ def test_shipped_h200_profile_is_the_full_search_found_there():
     hw = conf.machine
     assert (hw["gpu"], hw["pcie_gen"], hw["pcie_width"], hw["cpu_cores"], hw["numa_nodes"]) == ("NVIDIA H200", 5, 16,
                                                                                                   16, 1)
-    assert fingerprint.hardware_id(hw) == hw["hardware_id"] == "1a2c1d17dfe9"
-    assert fingerprint.slug(hw) == path.stem
+    assert machine.hardware_id(hw) == hw["hardware_id"] == "1a2c1d17dfe9"
+    assert machine.slug(hw) == path.stem
     for d in cfg.DIRECTIONS:
         assert [r.to_json() for r in conf.rules[d]] == [r.to_json() for r in found.rules[d]]
     native.configure(conf.to_plan())

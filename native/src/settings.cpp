@@ -77,6 +77,7 @@ bool parse_settings(const char* text, Settings* out, const char** end, std::stri
     }
     if (i == sizeof kFields / sizeof kFields[0]) return fail(error, "unknown setting '" + std::string(p, colon) + "'");
     const Field& f = kFields[i];
+    if (given[i]) return fail(error, std::string(f.name) + " given twice");
     const char* v = colon + 1;
     size_t n = strcspn(v, ",;");
     int64_t value;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import click
@@ -9,10 +10,25 @@ import click
 from . import __version__, launcher
 from . import config as cfg
 from .errors import CmtError
+from .options import config_option, takes_command
+
+# The other subcommands, each imported only when named (or listed by --help): `cmt run` must start
+# fast and must not load numpy, rich's tables or matplotlib, which they use.
+_SUBCOMMANDS = {"bench": "cmt.bench.cli", "config": "cmt.tune.config_cli", "profile": "cmt.profile.cli",
+                "tune": "cmt.tune.cli"}
 
 
 class CmtGroup(click.Group):
-    """Turns CmtError into `cmt: message` and its exit code: bad input never shows a traceback."""
+    """Loads the subcommands lazily, and turns CmtError into `cmt: message` and its exit code: bad
+    input never shows a traceback."""
+
+    def list_commands(self, ctx):
+        return sorted({*super().list_commands(ctx), *_SUBCOMMANDS})
+
+    def get_command(self, ctx, name):
+        if name in _SUBCOMMANDS and name not in self.commands:
+            self.add_command(getattr(importlib.import_module(_SUBCOMMANDS[name]), name))
+        return super().get_command(ctx, name)
 
     def invoke(self, ctx):
         try:
@@ -28,31 +44,15 @@ def main():
     """cmt (cudamemcpy-tuner): pageable host<->GPU copies at the PCIe link's speed."""
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--config", "config_path", metavar="FILE", help="Tuned file to use (else CMT_CONFIG, else defaults).")
-@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@takes_command(required=True)
+@config_option()
 def run(config_path, command):
-    """Run COMMAND with cmt's copy acceleration: cmt run -- python train.py"""
+    """Run CMD with cmt's copy acceleration: cmt run -- python train.py"""
     selection = cfg.select(config_path)
     launcher.exec_command(command, launcher.preload_env(selection))
 
 
-def _register_optional_commands() -> None:
-    """Subcommands that live in their own packages (bench, tune, config, profile)."""
-    import importlib
-
-    for module, name in (("cmt.bench.cli", "bench"), ("cmt.tune.cli", "tune"),
-                         ("cmt.tune.config_cli", "config"), ("cmt.profile.cli", "profile")):
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name and module.startswith(e.name):
-                continue  # not built yet
-            raise
-        main.add_command(getattr(mod, name))
-
-
-_register_optional_commands()
+main.add_command(run)
 
 if __name__ == "__main__":
     main()

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .. import config as cfg
-from .. import cuda, native
+from .. import cuda, native, plotting
 from ..errors import CmtError
+from ..options import config_option
 from . import DIRECTIONS, MODES, workloads
 from .sizes import format_size, parse_names, parse_sizes
 
@@ -19,8 +20,8 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress
 
-# numpy, rich and matplotlib are imported inside the commands: `cmt run` loads this module too
-# and must start fast.
+# numpy, rich's tables and matplotlib are imported inside the commands: the help and
+# `cmt bench workloads --list` need none of them.
 
 DEFAULT_SIZES = "4K,64K,256K,1M,4M,16M,64M,256M,1G"
 QUICK_SIZES = "4K,1M,16M,256M"
@@ -56,8 +57,7 @@ def _common_options(kind: str):
             click.option("--json", "as_json", is_flag=True, help="Print the JSON result on stdout instead of tables."),
             click.option("--no-plot", is_flag=True, help="Do not write the PNG plot."),
             click.option("--quick", is_flag=True, help=_QUICK_HELP[kind]),
-            click.option("--config", "config_path", metavar="FILE", help="Tuned file for cmt (else CMT_CONFIG, "
-                         "else the built-in defaults)."),
+            config_option("Tuned file for cmt"),
             click.option("--device", default=0, show_default=True, type=click.IntRange(min=0), help="GPU ordinal."),
         ]):
             f = opt(f)
@@ -66,9 +66,10 @@ def _common_options(kind: str):
 
 
 def _out_path(out_dir: str | None) -> Path:
+    """The output folder, checked writable now but made only by `_finish`."""
     from . import report
 
-    return report.prepare_out_dir(out_dir or f"cmt-bench-{dt.datetime.now():%Y%m%d-%H%M%S}")
+    return report.check_out_dir(out_dir or f"cmt-bench-{dt.datetime.now():%Y%m%d-%H%M%S}")
 
 
 def _engine_info(selection: cfg.Selection) -> dict[str, Any]:
@@ -98,10 +99,14 @@ def _finish(doc: dict[str, Any], out: Path, kind: str, as_json: bool, no_plot: b
 
     from . import report
 
+    report.make_out_dir(out)
     written = [report.write_json(doc, out / f"{kind}.json")]
     if not no_plot:
         plot = report.plot_copy if kind == "copy" else report.plot_workloads
-        written.append(plot(doc, out / f"{kind}.png"))
+        try:
+            written.append(plot(doc, out / f"{kind}.png"))
+        except plotting.Unavailable as e:  # the JSON is written all the same
+            click.echo(f"cmt: {e}", err=True)
     if as_json:
         click.echo(json.dumps(doc, indent=2))
     else:
@@ -126,13 +131,14 @@ def copy_cmd(sizes, directions, modes, repeats, warmup, out_dir, as_json, no_plo
     """Copy bandwidth by size: default pageable copy, pinned, cmt's engine and CPU memcpy."""
     from rich.console import Console
 
-    from . import copy_sweep, fingerprint, report
+    from .. import machine as hw
+    from . import copy_sweep, report
 
     cuda.require_real_driver("cmt bench")
     plan = copy_sweep.SweepPlan(parse_sizes(sizes or (QUICK_SIZES if quick else DEFAULT_SIZES)),
                                 parse_names(directions, DIRECTIONS, "direction"),
                                 parse_names(modes, MODES, "mode"),
-                                copy_sweep.cpu_thread_counts(fingerprint.usable_cpus()))
+                                copy_sweep.cpu_thread_counts(hw.usable_cpus()))
     reps = copy_sweep.QUICK if quick else copy_sweep.FULL
     reps = copy_sweep.Repetitions(warmup if warmup is not None else reps.warmup, reps.least, reps.most,
                                   reps.target_bytes, repeats)
@@ -140,7 +146,7 @@ def copy_cmd(sizes, directions, modes, repeats, warmup, out_dir, as_json, no_plo
     out = _out_path(out_dir)
     drv, dev = _open_gpu(device)
     engine = _engine_info(selection)
-    machine = fingerprint.machine(drv, dev)
+    machine = hw.fingerprint(drv, dev)
     tasks = plan.tasks()
     status = Console(stderr=True)
     status.print(f"[bold]{report.machine_text(machine)}[/]; cmt plan: {engine['plan'] or '(none)'}")
@@ -184,14 +190,15 @@ def workloads_cmd(list_only, only, timeout_s, out_dir, as_json, no_plot, quick, 
         return
     from rich.console import Console
 
-    from . import fingerprint, report, workload_runner
+    from .. import machine as hw
+    from . import report, workload_runner
 
     cuda.require_real_driver("cmt bench workloads")
     selection = cfg.select(config_path)
     out = _out_path(out_dir)
     drv, dev = _open_gpu(device)
     engine = _engine_info(selection)
-    machine = fingerprint.machine(drv, dev)
+    machine = hw.fingerprint(drv, dev)
     drv.close_device(dev)  # the workloads need the GPU, not this process
     opts = workload_runner.SuiteOptions(quick, str(selection.path) if selection.path else None, timeout_s,
                                         _visible_device_env(device))

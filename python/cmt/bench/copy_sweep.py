@@ -25,21 +25,12 @@ from typing import Any
 import numpy as np
 
 from .. import cuda, native
+from ..config import Settings
 from ..errors import CmtError
 from . import COPY_MODES, DIRECTIONS, MODES
 
-__all__ = ["COPY_MODES", "DIRECTIONS", "MODES", "CopyBench", "EngineSettings", "Result", "measure", "measure_cpu"]
+__all__ = ["COPY_MODES", "DIRECTIONS", "MODES", "CopyBench", "Result", "measure", "measure_cpu"]
 GB = 1e9
-
-
-@dataclass(frozen=True)
-class EngineSettings:
-    """Explicit settings for cmt's engine (what `cmt tune` tries); None in a call means 'the plan'."""
-
-    threads: int
-    buffers: int
-    chunk: int
-    stream_stores: bool = False  # non-temporal buffer fills (a per-rule engine setting)
 
 
 @dataclass
@@ -52,7 +43,7 @@ class Result:
     seconds: list[float]
     warmup: int
     threads: int | None = None  # cpu mode: memcpy threads; cmt mode: explicit engine threads
-    settings: EngineSettings | None = None
+    settings: Settings | None = None  # cmt mode: explicit engine settings (None: the plan's)
     outcome: str | None = None  # cmt mode: what the engine did (accelerated, below_minimum, ...)
     verified: bool = False
 
@@ -74,8 +65,7 @@ class Result:
         if self.threads is not None:
             doc["threads"] = self.threads
         if self.settings is not None:
-            doc["settings"] = {"threads": self.settings.threads, "buffers": self.settings.buffers,
-                               "chunk_bytes": self.settings.chunk, "stream_stores": self.settings.stream_stores}
+            doc["settings"] = self.settings.as_dict()
         if self.outcome is not None:
             doc["outcome"] = self.outcome
         return doc
@@ -194,10 +184,9 @@ class CopyBench:
         self.close()
 
     # -- one copy of each kind -------------------------------------------------------------------
-    def _engine(self, direction: str, host: int, n: int, settings: EngineSettings | None) -> str:
-        s = settings or EngineSettings(0, 0, 0)
+    def _engine(self, direction: str, host: int, n: int, settings: Settings | None) -> str:
         r = native.memcpy("h2d" if direction == "h2d" else "d2h", host, self.dev, n, self.stream,
-                          s.threads, s.buffers, s.chunk, s.stream_stores)
+                          settings.as_dict() if settings is not None else None)
         if r != cuda.CUDA_SUCCESS:
             raise cuda.CudaError("cmt_memcpy", int(r), self.drv.error_name(int(r)))
         self.drv.stream_synchronize(self.stream)
@@ -221,7 +210,7 @@ class CopyBench:
         drv.event_synchronize(self.end)
         return drv.event_elapsed_ms(self.start, self.end) / 1e3
 
-    def copy_seconds(self, mode: str, direction: str, n: int, settings: EngineSettings | None = None) -> float:
+    def copy_seconds(self, mode: str, direction: str, n: int, settings: Settings | None = None) -> float:
         """One timed copy; returns seconds (the cmt engine's outcome is kept in `last_outcome`)."""
         if mode == "pinned":
             return self._pinned_seconds("h2d" if direction == "h2d" else "d2h", n)
@@ -232,7 +221,7 @@ class CopyBench:
         return self._timed_host_copy(mode, direction, host, n, settings)
 
     def _timed_host_copy(self, mode: str, direction: str, host: int, n: int,
-                         settings: EngineSettings | None) -> float:
+                         settings: Settings | None) -> float:
         if mode == "cmt" and settings is None and not native.plan_stages(direction, n):
             # What a program under `cmt run` gets: the very call it made, untouched (the C API's
             # own pass-through would use the asynchronous variant, a different driver path). Decided
@@ -248,7 +237,7 @@ class CopyBench:
         return time.perf_counter() - t0
 
     # -- checking the bytes ----------------------------------------------------------------------
-    def verify(self, mode: str, direction: str, n: int, settings: EngineSettings | None = None) -> None:
+    def verify(self, mode: str, direction: str, n: int, settings: Settings | None = None) -> None:
         """One copy of random data through `mode`, checked byte for byte with the plain driver."""
         drv, what = self.drv, f"{mode} {direction} copy"
         if direction == "h2d":
@@ -300,7 +289,7 @@ def _compare(got: np.ndarray, want: np.ndarray, what: str) -> None:
 
 # -- measuring with warm-ups and repeats ----------------------------------------------------------
 def measure(bench: CopyBench, mode: str, direction: str, nbytes: int, repeats: int, warmup: int = 1,
-            settings: EngineSettings | None = None, verify: bool = True) -> Result:
+            settings: Settings | None = None, verify: bool = True) -> Result:
     """Median and spread of one (mode, direction, size); `settings` forces cmt's engine settings."""
     if mode == "cpu":
         raise CmtError("use measure_cpu for CPU memcpy")

@@ -1,7 +1,8 @@
-"""What a benchmark shows: rich tables on the terminal, the JSON result file, matplotlib plots (Agg)."""
+"""What a benchmark shows: rich tables on the terminal, the JSON result file, PNG plots (cmt.plotting)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections import defaultdict
@@ -10,6 +11,7 @@ from typing import Any
 
 from rich.table import Table
 
+from .. import plotting
 from ..errors import CmtError
 from .sizes import format_size
 
@@ -18,8 +20,8 @@ DIRECTION_TITLES = {"h2d": "host to device", "d2h": "device to host",
 
 
 # -- files ----------------------------------------------------------------------------------------
-def prepare_out_dir(path: str | os.PathLike) -> Path:
-    """Creates the output folder and proves it writable before anything is measured."""
+def make_out_dir(path: str | os.PathLike) -> Path:
+    """Creates the output folder and proves it writable."""
     out = Path(path)
     probe = out / f".cmt-write-test-{os.getpid()}"
     try:
@@ -31,6 +33,21 @@ def prepare_out_dir(path: str | os.PathLike) -> Path:
     return out
 
 
+def check_out_dir(path: str | os.PathLike) -> Path:
+    """Proves, before anything is measured, that the output folder can be made and written, and
+    leaves nothing behind: the folders it had to make go again. `make_out_dir` makes them once
+    there is something to write, so a run that fails (no GPU, Ctrl-C) leaves no empty folder."""
+    out = Path(path)
+    made = [p for p in (out, *out.parents) if not p.exists()]  # deepest first
+    try:
+        make_out_dir(out)
+    finally:
+        for p in made:
+            with contextlib.suppress(OSError):
+                p.rmdir()
+    return out
+
+
 def write_json(doc: dict[str, Any], path: Path) -> Path:
     try:
         path.write_text(json.dumps(doc, indent=2) + "\n")
@@ -39,22 +56,13 @@ def write_json(doc: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display needed
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: Path) -> Path:
+def _save(plt, fig, path: Path) -> Path:
     try:
         fig.savefig(path, dpi=120, bbox_inches="tight")
     except OSError as e:
         raise CmtError(f"cannot write {path}: {e.strerror or e}") from None
     finally:
-        _pyplot().close(fig)
+        plt.close(fig)
     return path
 
 
@@ -136,8 +144,9 @@ _STYLE = {"pageable": ("tab:red", "-", "o"), "cmt": ("tab:blue", "-", "s"), "pin
 
 
 def plot_copy(doc: dict[str, Any], path: Path) -> Path:
-    """Bandwidth against size (log x), one panel per direction, pinned as the ceiling line."""
-    plt = _pyplot()
+    """Bandwidth against size (log x), one panel per direction, pinned as the ceiling line.
+    Raises plotting.Unavailable without matplotlib."""
+    plt = plotting.pyplot()
     data = results_by_key(doc)
     panels = list(doc["settings"]["directions"])
     threads = doc["settings"]["cpu_threads"] if "cpu" in doc["settings"]["modes"] else []
@@ -168,7 +177,7 @@ def plot_copy(doc: dict[str, Any], path: Path) -> Path:
         ax.legend(fontsize="small")
     axes[0][0].set_ylim(bottom=0)
     fig.tight_layout()
-    return _save(fig, path)
+    return _save(plt, fig, path)
 
 
 # -- workloads ------------------------------------------------------------------------------------
@@ -200,8 +209,9 @@ def workloads_table(doc: dict[str, Any]) -> Table:
 
 
 def plot_workloads(doc: dict[str, Any], path: Path) -> Path:
-    """Speed-up per workload (end to end and inner timer), with 1x marked."""
-    plt = _pyplot()
+    """Speed-up per workload (end to end and inner timer), with 1x marked. Raises
+    plotting.Unavailable without matplotlib."""
+    plt = plotting.pyplot()
     done = [w for w in doc["workloads"] if w["status"] == "ok"]
     fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(done) + 2), 4.5))
     xs = range(len(done))
@@ -216,4 +226,4 @@ def plot_workloads(doc: dict[str, Any], path: Path) -> Path:
         ax.text(0.5, 0.5, "no workload ran", ha="center", va="center", transform=ax.transAxes)
     ax.legend()
     ax.grid(True, axis="y", alpha=0.3)
-    return _save(fig, path)
+    return _save(plt, fig, path)

@@ -5,16 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .. import plotting
 from ..errors import CmtError
 from .report import fmt_bytes
 
 
 def write_chart(model: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display needed
-    import matplotlib.pyplot as plt
-
+    """Raises plotting.Unavailable without matplotlib."""
+    plt = plotting.pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
     try:
         lo, hi = None, None

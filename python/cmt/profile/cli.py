@@ -2,28 +2,36 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
 from rich.console import Console
 
 from .. import config as cfg
-from .. import launcher
+from .. import launcher, plotting
 from ..errors import CmtError
+from ..options import config_option, takes_command
 from . import recording, report, saving
 from .chart import write_chart
 from .render import render
 from .trace import write_trace
 
 
-def _writable(path: str, what: str) -> Path:
-    """Fails before CMD runs, not after, when an output cannot be written."""
+def _writable(path: str, what: str, made: list[Path], replaced: bool = False) -> Path:
+    """Fails before CMD runs, not after, when an output cannot be written. Folders it makes for it
+    go on `made`. `replaced`: the file is written beside and renamed over (the recording), so it
+    must be a regular file: never a device such as /dev/null, which the rename would replace."""
     p = Path(path)
     if p.is_dir():
         raise CmtError(f"cannot write {what} {p}: it is a directory")
+    if replaced and p.exists() and not p.is_file():
+        raise CmtError(f"cannot write {what} {p}: not a regular file")
+    made.extend(d for d in p.parents if not d.exists())
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         existed = p.exists()
@@ -34,6 +42,19 @@ def _writable(path: str, what: str) -> Path:
     except OSError as e:
         raise CmtError(f"cannot write {what} {p}: {e.strerror or e}") from None
     return p
+
+
+@contextlib.contextmanager
+def _output_folders() -> Iterator[list[Path]]:
+    """The folders made for the outputs: those still empty at the end (CMD not found, a bad tuned
+    file, Ctrl-C, nothing to chart) are removed again."""
+    made: list[Path] = []
+    try:
+        yield made
+    finally:
+        for d in sorted(set(made), key=lambda d: len(d.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                d.rmdir()
 
 
 def _console() -> Console:
@@ -75,45 +96,56 @@ def _record(command: tuple[str, ...], config_path: str | None, passthrough: bool
     return rec
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@takes_command()
 @click.option("--out", metavar="FILE", help="Save the recording (re-render it later with --report FILE).")
 @click.option("--trace", "trace_path", metavar="FILE", help="Write the copies as a Chrome / Perfetto trace (JSON).")
 @click.option("--chart", "chart_path", metavar="FILE",
               help="Write the share-of-bytes chart as PNG (default with --out: beside it, .png).")
 @click.option("--report", "report_path", metavar="FILE", help="Report on a saved recording instead of running CMD.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@click.option("--config", "config_path", metavar="FILE",
-              help="Tuned file to run with and estimate the saving from (else CMT_CONFIG, else defaults).")
+@config_option("Tuned file to run with and estimate the saving from")
 @click.option("--bench", "bench_path", metavar="FILE", help="A `cmt bench copy` JSON to estimate the saving from.")
 @click.option("--passthrough", is_flag=True,
               help="Record only: every copy goes to the driver unchanged (a baseline for the estimate).")
-@click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def profile(out, trace_path, chart_path, report_path, as_json, config_path, bench_path, passthrough, command):
-    """Record every host<->device copy of COMMAND and report them: cmt profile -- python train.py"""
+    """Record every host<->device copy of CMD and report them: cmt profile -- python train.py"""
     if report_path and command:
         raise CmtError("give either --report FILE or a command (`cmt profile -- CMD`), not both")
     if not report_path and not command:
         raise CmtError("no command given: use `cmt profile -- CMD [ARGS...]` or `cmt profile --report FILE`")
     if report_path and (out or passthrough):
         raise CmtError("--out and --passthrough need a command to run")
-    out_p = _writable(out, "recording") if out else None
+    with _output_folders() as made:
+        code = _profile(out, trace_path, chart_path, report_path, as_json, config_path, bench_path, passthrough,
+                        command, made)
+    sys.exit(code)
+
+
+def _profile(out, trace_path, chart_path, report_path, as_json, config_path, bench_path, passthrough, command,
+             made: list[Path]) -> int:
+    out_p = _writable(out, "recording", made, replaced=True) if out else None
     if out_p is not None and not chart_path:
         chart_path = str(out_p.with_suffix(".png"))
-    chart_p = _writable(chart_path, "chart") if chart_path else None
-    trace_p = _writable(trace_path, "trace") if trace_path else None
+    chart_p = _writable(chart_path, "chart", made) if chart_path else None
+    trace_p = _writable(trace_path, "trace", made) if trace_path else None
     if bench_path:
         saving.from_bench(bench_path)  # a bad bench file fails before the run, not after
 
     rec = recording.read(report_path) if report_path else _record(command, config_path, passthrough, out_p)
     bandwidth, reason = _bandwidth(bench_path, config_path, rec.manifest)
     model = report.build(rec, bandwidth, reason)
+    chart_shown = None
     if chart_p is not None and model["share"]:
-        write_chart(model, chart_p)
+        try:
+            write_chart(model, chart_p)
+            chart_shown = str(chart_p)
+        except plotting.Unavailable as e:  # the recording, trace and report all the same
+            click.echo(f"cmt: {e}", err=True)
     if trace_p is not None:
         write_trace(rec, trace_p)
     if as_json:
         click.echo(json.dumps(model, indent=2))
     else:
-        render(model, _console(), str(chart_p) if chart_p is not None and model["share"] else None)
+        render(model, _console(), chart_shown)
     code = model.get("exit_code")
-    sys.exit(code if isinstance(code, int) and not report_path else 0)
+    return code if isinstance(code, int) and not report_path else 0

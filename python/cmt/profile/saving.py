@@ -38,7 +38,7 @@ class Bandwidth:
         if self.config is not None:
             rules = self.config.rules.get(direction, [])
             mins = np.array([r.min_bytes for r in rules], np.uint64)
-            values = np.array([PASS if r.passes else _number(r.extra.get("gbps")) for r in rules] + [PASS])
+            values = np.array([PASS if r.passes else _number(r.figures.get("gbps")) for r in rules] + [PASS])
             idx = np.searchsorted(mins, sizes.astype(np.uint64), side="right") - 1
             return values[idx]  # idx -1 (below the first rule) picks the trailing PASS
         if self.curves is None or direction not in self.curves:
@@ -58,7 +58,7 @@ def from_config(config: cfg.TunedConfig | None, source: str) -> Bandwidth:
     staged = [r for rules in config.rules.values() for r in rules if not r.passes]
     if not staged:
         raise NoEstimate(f"the tuned file ({source}) passes every copy to the driver: nothing to save")
-    if not any(not math.isnan(_number(r.extra.get("gbps"))) for r in staged):
+    if not any(not math.isnan(_number(r.figures.get("gbps"))) for r in staged):
         raise NoEstimate(f"the tuned file ({source}) has no measured `gbps` in its rules; "
                          "pass --bench with a `cmt bench copy` JSON")
     return Bandwidth(f"tuned file {source}", config=config)

@@ -16,19 +16,19 @@ from .. import config as cfg
 from .. import cuda, launcher
 from ..bench.sizes import format_size, parse_names, parse_sizes
 from ..errors import CmtError
+from ..options import takes_command
 
 if TYPE_CHECKING:
-    from ..bench.copy_sweep import EngineSettings
     from .search import DirectionResult
 
-# numpy and rich are imported inside the command: `cmt run` loads this module too.
+# numpy and rich are imported inside the command: `cmt tune --help` needs neither.
 
 DEFAULT_SIZES = "64K,256K,1M,4M,16M,64M,256M,1G"
 DIRECTIONS = ("h2d", "d2h")
 VERIFY_MAX = 64 << 20  # correctness does not need the largest copies, and comparing them is slow
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@takes_command()
 @click.option("--search", "kind", type=click.Choice(["full", "instant"]), default="full", show_default=True,
               help="full: measure candidate settings per size (about a minute, at most three); instant: measure "
                    "a few things and derive the settings from a model of the pipeline (seconds).")
@@ -38,13 +38,12 @@ VERIFY_MAX = 64 << 20  # correctness does not need the largest copies, and compa
               help="Copy sizes to tune at (each starts a rule), a list (1M,64M) or a range (64K:1G).")
 @click.option("--directions", default=",".join(DIRECTIONS), show_default=True, metavar="LIST",
               help="h2d, d2h or both; a direction not tuned keeps the rules in force now.")
-@click.option("--max-threads", type=click.IntRange(1, cfg.MAX_THREADS), help="Most copy threads to try "
+@click.option("--max-threads", type=click.IntRange(min=1), help="Most copy threads to try "
               "[default: the usable cores].")
 @click.option("--device", default=0, show_default=True, type=click.IntRange(min=0), help="GPU ordinal.")
 @click.option("--quick", is_flag=True, help="A smoke run: few repeats and samples. Checks the setup; the result "
               "is too noisy to keep.")
 @click.option("--force", is_flag=True, help="With -- CMD: tune even if this machine already has a tuned file.")
-@click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def tune(kind, out, sizes, directions, max_threads, device, quick, force, command):
     """Tune cmt for this machine and write the tuned file that `cmt run` then uses.
 
@@ -71,7 +70,7 @@ def tune(kind, out, sizes, directions, max_threads, device, quick, force, comman
 
 def _tuned_already(out: str | None) -> cfg.Selection | None:
     """The tuned file for this machine, if `cmt tune` made one (a shipped profile does not count)."""
-    from . import machine
+    from .. import machine
 
     ids = machine.hardware_ids()
     if out:
@@ -120,8 +119,8 @@ class _Job:
         only now that the driver named the machine) is used instead."""
         from rich.console import Console
 
-        from ..bench import fingerprint, report
-        from . import machine
+        from .. import machine
+        from ..bench import report
 
         cuda.require_real_driver("cmt tune")
         try:
@@ -131,7 +130,7 @@ class _Job:
         drv = cuda.load()
         dev = drv.open_device(self.device)
         try:
-            fp = fingerprint.machine(drv, dev)
+            fp = machine.fingerprint(drv, dev)
             machine.remember(fp)
             path = Path(self.out) if self.out else cfg.user_dir() / cfg.file_name(fp["slug"])
             if reuse and not self.out and path.is_file():
@@ -157,16 +156,15 @@ class _Job:
 
     # -- measuring ------------------------------------------------------------------------------
     def _measure(self, drv, dev, fp: dict[str, Any], before: cfg.Selection, status) -> cfg.TunedConfig:
-        from ..bench import fingerprint
-        from ..bench.copy_sweep import EngineSettings
+        from .. import machine
         from . import measure, model, search
 
-        cores = fingerprint.usable_cpus()
+        cores = machine.usable_cpus()
         grid = functools.partial(search.candidates, cores=cores, max_threads=self.max_threads)
         opts = search.QUICK if self.quick else search.DEFAULTS if self.kind == "full" else search.INSTANT
         widest = max((c.threads for n in self.sizes for c in grid(n)), default=1)
-        largest = EngineSettings(widest, max(search.BUFFER_STEPS),
-                                 min(search.CHUNK_RANGE[1], max(4096, max(self.sizes) // 2)))
+        largest = cfg.Settings(widest, max(search.BUFFER_STEPS),
+                               min(search.CHUNK_RANGE[1], max(4096, max(self.sizes) // 2)))
         old = before.config or cfg.from_plan(_active_plan(), "default")
         results: dict[str, DirectionResult] = {}
         models: dict[str, dict[str, float]] = {}
@@ -201,7 +199,7 @@ class _Job:
             "threshold": {d: r.threshold for d, r in results.items()},
             "results": [{"direction": x.direction, "bytes": x.nbytes, "pageable_gbps": round(x.pageable_gbps, 2),
                          "gbps": round(x.gbps, 2), "candidates": x.candidates, "samples": x.measurements,
-                         **({"settings": _settings_json(x.settings)} if x.settings else {})}
+                         **({"settings": x.settings.as_dict()} if x.settings else {})}
                         for r in results.values() for x in r.sizes],
         }
         if models:
@@ -227,7 +225,7 @@ class _Job:
             for x in r.sizes:
                 staged_now = r.threshold is not None and x.nbytes >= r.threshold and x.settings is not None
                 after = x.gbps if staged_now else x.pageable_gbps
-                after_what = _settings_text(x.settings) if staged_now else "pass"
+                after_what = x.settings.label() if staged_now else "pass"
                 s = _settings_of(old, d, x.nbytes)
                 if s is None:
                     was = x.pageable_gbps
@@ -257,26 +255,15 @@ class _Job:
         return t
 
 
-def _settings_of(config: cfg.TunedConfig, direction: str, nbytes: int):
+def _settings_of(config: cfg.TunedConfig, direction: str, nbytes: int) -> cfg.Settings | None:
     """The staging settings `config` uses for this copy (None: it passes the copy through)."""
-    from ..bench.copy_sweep import EngineSettings
-
-    rule = config.rule_for(direction, nbytes)
-    return None if rule.passes else EngineSettings(rule.threads, rule.buffers, rule.chunk_bytes, rule.stream_stores)
+    return config.rule_for(direction, nbytes).settings
 
 
 def _active_plan() -> str:
     from .. import native
 
     return native.active_plan()
-
-
-def _settings_text(s: EngineSettings) -> str:
-    return f"{s.threads} thr {s.buffers}x{format_size(s.chunk)}" + (" nt" if s.stream_stores else "")
-
-
-def _settings_json(s: EngineSettings) -> dict[str, int | bool]:
-    return {"threads": s.threads, "buffers": s.buffers, "chunk_bytes": s.chunk, "stream_stores": s.stream_stores}
 
 
 def _progress(console):

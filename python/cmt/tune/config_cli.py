@@ -8,8 +8,8 @@ from typing import Any
 import click
 
 from .. import config as cfg
+from .. import machine
 from ..bench.sizes import format_size
-from . import machine
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -34,7 +34,7 @@ def _rules_table(conf: cfg.TunedConfig, title: str):
     from rich.table import Table
 
     t = Table(title=title, title_justify="left")
-    for name in ("direction", "sizes", "mode", "threads", "buffers", "chunk", "GB/s", "gain"):
+    for name in ("direction", "sizes", "mode", "threads", "buffers", "chunk", "stores", "GB/s", "gain"):
         t.add_column(name, justify="left" if name in ("direction", "sizes", "mode") else "right")
     for direction in cfg.DIRECTIONS:
         rules = conf.rules.get(direction, [])
@@ -44,9 +44,10 @@ def _rules_table(conf: cfg.TunedConfig, title: str):
             lo, hi = format_size(r.min_bytes), format_size(rules[i + 1].min_bytes) if i + 1 < len(rules) else None
             sizes = (f"{lo} to {hi}" if r.min_bytes else f"below {hi}") if hi else (f"{lo} and up" if r.min_bytes
                                                                                     else "all")
-            gbps, gain = r.extra.get("gbps"), r.extra.get("gain")
-            t.add_row(direction, sizes, "pass" if r.passes else "stage",
-                      *(("-", "-", "-") if r.passes else (str(r.threads), str(r.buffers), format_size(r.chunk_bytes))),
+            gbps, gain, s = r.figures.get("gbps"), r.figures.get("gain"), r.settings
+            t.add_row(direction, sizes, "pass" if s is None else "stage",
+                      *(("-",) * 4 if s is None else (str(s.threads), str(s.buffers), format_size(s.chunk_bytes),
+                                                       s.stores)),
                       f"{gbps:.1f}" if isinstance(gbps, (int, float)) else "-",
                       f"{gain:.2f}x" if isinstance(gain, (int, float)) else "-")
     return t
@@ -82,7 +83,7 @@ def show(config_path):
 
 
 @config.command("validate")
-@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("file", type=click.Path(path_type=Path))  # cfg.load says what is wrong, in one line
 def validate(file):
     """Check FILE: exit 0 if it is a valid tuned file (a file tuned for another machine is valid
     but reported), 2 with the reason if not."""

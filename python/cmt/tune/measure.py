@@ -10,13 +10,12 @@ copy is long against waking the lanes).
 
 from __future__ import annotations
 
-import os
-import re
 import statistics
+from dataclasses import replace
 
 from .. import cuda, native
 from ..bench import copy_sweep
-from ..bench.copy_sweep import EngineSettings
+from ..config import Settings
 from ..errors import CmtError
 from . import model as pipeline
 
@@ -29,18 +28,18 @@ WARMUP_BELOW = 64 << 20
 class Measurer:
     """Buffers for copies up to `capacity` bytes on an open device; a context manager."""
 
-    def __init__(self, drv: cuda.Driver, device: cuda.Device, capacity: int, largest: EngineSettings,
+    def __init__(self, drv: cuda.Driver, device: cuda.Device, capacity: int, largest: Settings,
                  max_copies: int = MAX_COPIES):
         self.max_copies = max_copies
         self.bench = copy_sweep.CopyBench(drv, device, capacity)
         self.count = 0  # timed copies
-        self._last: tuple[str, EngineSettings | None] | None = None
+        self._last: tuple[str, Settings | None] | None = None
         try:
             # One copy with the most lanes and the largest ring allocates every staging buffer now,
             # not in the middle of some candidate's timing.
-            chunk = min(largest.chunk, max(4096, capacity // 2))
+            first = replace(largest, chunk_bytes=min(largest.chunk_bytes, max(4096, capacity // 2)))
             r = native.memcpy("h2d", copy_sweep.address(self.bench.src), self.bench.dev, capacity,
-                              self.bench.stream, largest.threads, largest.buffers, chunk)
+                              self.bench.stream, first.as_dict())
             if r != cuda.CUDA_SUCCESS:
                 raise cuda.CudaError("cmt_memcpy", int(r), drv.error_name(int(r)))
             drv.synchronize()
@@ -57,7 +56,7 @@ class Measurer:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def __call__(self, direction: str, nbytes: int, settings: EngineSettings | None) -> float:
+    def __call__(self, direction: str, nbytes: int, settings: Settings | None) -> float:
         mode = "pageable" if settings is None else "cmt"
         copies = max(1, min(self.max_copies, SAMPLE_BYTES // nbytes))
         warmup = 0 if self._last == (direction, settings) or nbytes >= WARMUP_BELOW else 1
@@ -69,7 +68,7 @@ class Measurer:
         self.count += copies + warmup
         return r.median_gbps
 
-    def verify(self, direction: str, nbytes: int, settings: EngineSettings | None) -> None:
+    def verify(self, direction: str, nbytes: int, settings: Settings | None) -> None:
         """Random data through these settings, checked byte for byte (VerificationError if wrong)."""
         self.bench.verify("pageable" if settings is None else "cmt", direction, nbytes, settings)
 
@@ -92,23 +91,12 @@ class Measurer:
         tiny_chunk = max(4096, min(64 << 10, blocks_at // 64))
         small_blocks = tuple(
             (s, blocks_at, self._seconds(lambda s=s: b.copy_seconds("cmt", direction, blocks_at, s)))
-            for s in sorted({EngineSettings(min(2, cores), 16, tiny_chunk),
-                             EngineSettings(max(min(2, cores), min(8, cores)), 16, tiny_chunk)},
+            for s in sorted({Settings(min(2, cores), 16, tiny_chunk),
+                             Settings(max(min(2, cores), min(8, cores)), 16, tiny_chunk)},
                             key=lambda s: s.threads))
         one = min(64 << 10, cap)
-        one_block = EngineSettings(1, 1, one)
+        one_block = Settings(1, 1, one)
         one_block_s = self._seconds(lambda: b.copy_seconds("cmt", direction, one, one_block))
         self.count += 6 * (6 + len(many) + len(small_blocks))
         return pipeline.Probe((small, pinned_small), (large, pinned_large), (large, cpu_one), cpu_many,
-                              small_blocks, (one_block, one, one_block_s), cores,
-                              engine_switch("CMT_RAMP", True),
-                              direction == "d2h" or engine_switch("CMT_RAMP_DOWN", False))
-
-
-def engine_switch(name: str, default: bool) -> bool:
-    """An engine switch as the engine reads it (atol: nonzero is on; unset or empty: `default`)."""
-    value = os.environ.get(name, "")
-    if not value:
-        return default
-    number = re.match(r"\s*[+-]?(\d+)", value)
-    return number is not None and int(number.group(1)) != 0
+                              small_blocks, (one_block, one, one_block_s), cores, direction)

@@ -1,11 +1,12 @@
 """The instant search: a model of cmt's staging pipeline, fitted from a few measurements.
 
-The engine (native/src/engine.cpp) cuts a copy into blocks of `chunk` bytes, one DMA each; with
-ramping (CMT_RAMP, on by default) the first blocks grow from chunk/8 and, device-to-host (or with
-CMT_RAMP_DOWN=1), the last ones shrink back, so that filling and draining the pipeline costs less
-(`cut` below is its geometry). All T lanes fill (host-to-device) or drain (device-to-host) a block
-together, while the copy engine works on the blocks before it; `buffers` slots let the two stages
-run ahead of each other. Per block of c bytes:
+The engine cuts a copy into blocks of `chunk_bytes`, one DMA each: the first blocks grow from
+chunk/8 and, device-to-host only, the last ones shrink back, so that filling and draining the
+pipeline costs less. The model reads those blocks from the engine itself (`blocks`, through
+native.transfer_blocks: native/src/transfer_plan.cpp), so a model is for one direction. All T lanes
+fill (host-to-device) or drain (device-to-host) a block together, while the copy engine works on
+the blocks before it; `buffers` slots let the two stages run ahead of each other. Per block of c
+bytes:
 
     t_cpu(c) = c / min(min(T, cores) * lane_gbps, memory_gbps)      lanes copy pageable<->pinned
                + block_overhead + lane_overhead * T                  claim pieces, sync, queue DMA
@@ -32,10 +33,13 @@ ring that spills the caches.)
 
 from __future__ import annotations
 
+import functools
+import itertools
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
-from ..bench.copy_sweep import EngineSettings
+from .. import native
+from ..config import Settings
 from . import search
 
 GB = 1e9
@@ -51,12 +55,11 @@ class PipelineModel:
     lane_overhead_s: float    # per block and lane (synchronising more lanes costs more)
     copy_overhead_s: float    # per copy (waking lanes, the final synchronisation)
     cores: int = 64           # lanes beyond the cores add overhead, not bandwidth
-    ramp: bool = False        # the engine ramps block sizes (the H200 sweep was measured without)
-    ramp_down: bool = True    # and ramps down at the end (device-to-host; host-to-device with CMT_RAMP_DOWN=1)
+    direction: str = "h2d"    # whose block geometry: host-to-device copies do not ramp down
 
-    def seconds(self, nbytes: int, s: EngineSettings) -> float:
-        blocks = cut(nbytes, s.chunk, self.ramp, self.ramp_down)
-        buffers = max(1, min(s.buffers, sum(k for _, k in blocks)))
+    def seconds(self, nbytes: int, s: Settings) -> float:
+        cut = blocks(self.direction, nbytes, s.chunk_bytes)
+        buffers = max(1, min(s.buffers, sum(k for _, k in cut)))
         fill = min(min(s.threads, self.cores) * self.lane_gbps, self.memory_gbps) * GB
         per_block = self.block_overhead_s + self.lane_overhead_s * s.threads
 
@@ -66,13 +69,13 @@ class PipelineModel:
         def t_dma(c: int) -> float:
             return c / (self.link_gbps * GB) + self.dma_overhead_s
 
-        total = self.copy_overhead_s + t_cpu(blocks[0][0]) + t_dma(blocks[-1][0])
-        for i, (c, k) in enumerate(blocks):
+        total = self.copy_overhead_s + t_cpu(cut[0][0]) + t_dma(cut[-1][0])
+        for i, (c, k) in enumerate(cut):
             steady = max(t_cpu(c), t_dma(c)) + min(t_cpu(c), t_dma(c)) / buffers
             total += steady * (k - 1 if i == 0 else k)
         return total
 
-    def gbps(self, nbytes: int, s: EngineSettings) -> float:
+    def gbps(self, nbytes: int, s: Settings) -> float:
         return nbytes / self.seconds(nbytes, s) / GB
 
     def to_json(self) -> dict[str, float]:
@@ -82,45 +85,22 @@ class PipelineModel:
                 for k, v in asdict(self).items()}
 
 
-def cut(nbytes: int, chunk: int, ramp: bool, down: bool = True) -> list[tuple[int, int]]:
-    """The engine's blocks (Job::cut), as (size, how many in a row), in order; `down`: a ramped copy
-    also ramps down."""
-    piece = 64 << 10
-    first = min(chunk, max(chunk // 8, piece)) if ramp else chunk
-    out: list[tuple[int, int]] = []
-    rem = nbytes
-
-    def take(n: int, times: int = 1) -> None:
-        nonlocal rem
-        n = min(n, rem)
-        if out and out[-1][0] == n:
-            out[-1] = (n, out[-1][1] + times)
-        else:
-            out.append((n, times))
-        rem -= n * times
-
-    size = first
-    while size < chunk and rem:  # ramp up
-        take(size)
-        size *= 2
-    down = ramp and down
-    if not down and rem >= chunk:  # full blocks to the end
-        take(chunk, rem // chunk)
-    elif down and rem > 2 * chunk:  # full blocks, leaving the ramp down its bytes
-        take(chunk, -(-(rem - 2 * chunk) // chunk))
-    while down and rem > first:  # ramp down: halve what is left
-        take(min(chunk, (rem // 2 + piece - 1) // piece * piece))
-    if rem:
-        take(rem)
-    return out
+@functools.lru_cache(maxsize=1 << 12)
+def blocks(direction: str, nbytes: int, chunk_bytes: int) -> tuple[tuple[int, int], ...]:
+    """The engine's blocks for such a copy (native.transfer_blocks), as (size, how many in a row),
+    in order."""
+    return tuple((size, len(list(run)))
+                 for size, run in itertools.groupby(native.transfer_blocks(direction, nbytes, chunk_bytes)))
 
 
 # Fitted (least squares on log bandwidth, 16% rms) to the H200 sweep in
-# benchmarks/results/h200-2026-12-02/engine-sweep.json (16 cores, PCIe Gen5 x16). The tests use
-# these as the simulated machine; its choices of chunk and threads match the sweep's best.
+# benchmarks/results/h200-2026-12-02/engine-sweep.json (16 cores, PCIe Gen5 x16), which was measured
+# with blocks of equal size, before the engine's ramps were hard-wired; on the engine's ramped blocks
+# the same parameters follow that sweep within 18% rms. The tests use these as the simulated
+# machine; its choices of chunk per size are the sweep's best or next to it.
 H200 = {
-    "h2d": PipelineModel(55.5, 7.33e-6, 8.01, 49.8, 5.77e-6, 0.198e-6, 15.9e-6, cores=16),
-    "d2h": PipelineModel(55.5, 6.46e-6, 7.51, 49.7, 4.89e-6, 0.170e-6, 14.7e-6, cores=16),
+    "h2d": PipelineModel(55.5, 7.33e-6, 8.01, 49.8, 5.77e-6, 0.198e-6, 15.9e-6, cores=16, direction="h2d"),
+    "d2h": PipelineModel(55.5, 6.46e-6, 7.51, 49.7, 4.89e-6, 0.170e-6, 14.7e-6, cores=16, direction="d2h"),
 }
 
 
@@ -132,14 +112,13 @@ class Probe:
     pinned_large: tuple[int, float]      # and large
     cpu_one: tuple[int, float]           # (bytes, seconds) of a 1-thread memcpy
     cpu_many: tuple[int, int, float]     # (threads, bytes, seconds) of the fastest many-thread memcpy
-    small_blocks: tuple[tuple[EngineSettings, int, float], ...]  # engine copies cut into many blocks
-    one_block: tuple[EngineSettings, int, float]                 # an engine copy of one block
+    small_blocks: tuple[tuple[Settings, int, float], ...]  # engine copies cut into many blocks
+    one_block: tuple[Settings, int, float]                 # an engine copy of one block
     cores: int
-    ramp: bool = True                    # whether the engine measured ramps its block sizes
-    ramp_down: bool = True               # and ramps down at the end
+    direction: str                       # h2d or d2h: the model's block geometry
 
 
-def _solve_cpu_block(model: PipelineModel, nbytes: int, s: EngineSettings, seconds: float) -> float:
+def _solve_cpu_block(model: PipelineModel, nbytes: int, s: Settings, seconds: float) -> float:
     """The per-block CPU overhead that makes the model take `seconds` (bisection: the model's
     time grows with it)."""
     lo, hi = 0.0, 1e-3
@@ -160,8 +139,7 @@ def fit(p: Probe) -> PipelineModel:
     dma = max(0.0, ts - ns / (link * GB))
     lane = p.cpu_one[0] / p.cpu_one[1] / GB
     memory = max(lane, p.cpu_many[1] / p.cpu_many[2] / GB)
-    model = PipelineModel(link, dma, lane, memory, 0.0, 0.0, 0.0, cores=p.cores, ramp=p.ramp,
-                          ramp_down=p.ramp_down)
+    model = PipelineModel(link, dma, lane, memory, 0.0, 0.0, 0.0, cores=p.cores, direction=p.direction)
     for _ in range(2):  # the per-copy and per-block costs each hide in the other's measurement
         per_block = [(s.threads, _solve_cpu_block(model, n, s, t))
                      for s, n, t in p.small_blocks]
@@ -177,8 +155,8 @@ def fit(p: Probe) -> PipelineModel:
 SHORTLIST = 3  # the model's guesses measured per size (plus the settings in force)
 
 
-def shortlist(estimates: dict[EngineSettings, float], within: float, prior: EngineSettings | None = None,
-              size: int = SHORTLIST) -> list[EngineSettings]:
+def shortlist(estimates: dict[Settings, float], within: float, prior: Settings | None = None,
+              size: int = SHORTLIST) -> list[Settings]:
     """What the instant search measures for one size: the model's choice (the least resources
     within `within` of its best), then its best predictions with a half, a quarter... of that
     staging ring (buffers x chunk): the model favours large rings, and a ring that spills the CPU
@@ -186,10 +164,10 @@ def shortlist(estimates: dict[EngineSettings, float], within: float, prior: Engi
     if not estimates:
         return [prior] if prior else []
     picked = [search.choose(estimates, within)]
-    ring = picked[0].buffers * picked[0].chunk
+    ring = picked[0].buffers * picked[0].chunk_bytes
     while len(picked) < size:
         ring //= 2
-        smaller = [c for c in estimates if c.buffers * c.chunk <= ring]
+        smaller = [c for c in estimates if c.buffers * c.chunk_bytes <= ring]
         if not smaller:
             break
         picked.append(search.choose({c: estimates[c] for c in smaller}, within))
@@ -199,9 +177,9 @@ def shortlist(estimates: dict[EngineSettings, float], within: float, prior: Engi
 
 
 def search_direction(measure: search.Measure, probe: Probe, direction: str, sizes: list[int],
-                     grid: Callable[[int], list[EngineSettings]], opts: search.Options = search.DEFAULTS,
+                     grid: Callable[[int], list[Settings]], opts: search.Options = search.DEFAULTS,
                      tick: search.Tick | None = None,
-                     prior: Callable[[int], EngineSettings | None] | None = None
+                     prior: Callable[[int], Settings | None] | None = None
                      ) -> tuple[search.DirectionResult, PipelineModel]:
     """The instant search for one direction: fit the model, let it short-list settings per size,
     measure those side by side (with `prior(size)`, the settings in force, if given) and take the

@@ -25,10 +25,9 @@ import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from ..bench.copy_sweep import EngineSettings
-from ..config import Rule
+from ..config import Rule, Settings
 
-Measure = Callable[[str, int, EngineSettings | None], float]
+Measure = Callable[[str, int, Settings | None], float]
 Tick = Callable[[str], None]
 
 KIB, MIB = 1 << 10, 1 << 20
@@ -57,12 +56,12 @@ INSTANT = Options(final_samples=5)  # the instant search only confirms its choic
 QUICK = Options(schedule=(1, 2), finalists=2, final_samples=3, resource_checks=4, threshold_steps=1)
 
 
-def resource(s: EngineSettings) -> tuple[int, int, int]:
+def resource(s: Settings) -> tuple[int, int, int]:
     """What a configuration costs the program: threads (cores), then pinned bytes, then DMA size."""
-    return (s.threads, s.buffers * s.chunk, s.chunk)
+    return (s.threads, s.buffers * s.chunk_bytes, s.chunk_bytes)
 
 
-def candidates(nbytes: int, cores: int, max_threads: int | None = None) -> list[EngineSettings]:
+def candidates(nbytes: int, cores: int, max_threads: int | None = None) -> list[Settings]:
     """The grid for one copy size: threads up to the usable cores, chunks that give the copy at
     least two blocks (or one 64K block), at most as many buffers as blocks."""
     limit = max(1, min(cores, max_threads or cores))
@@ -73,7 +72,7 @@ def candidates(nbytes: int, cores: int, max_threads: int | None = None) -> list[
         if (chunk <= max(CHUNK_RANGE[0], nbytes // 2)) and chunk * MAX_BLOCKS >= nbytes:
             blocks = -(-nbytes // chunk)
             buffers = [b for b in BUFFER_STEPS if b <= max(BUFFER_STEPS[0], blocks)]
-            out += [EngineSettings(t, b, chunk) for t in threads for b in buffers]
+            out += [Settings(t, b, chunk) for t in threads for b in buffers]
         chunk *= 2
     return out
 
@@ -82,7 +81,7 @@ def median(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else 0.0
 
 
-def choose(estimates: dict[EngineSettings, float], within: float) -> EngineSettings:
+def choose(estimates: dict[Settings, float], within: float) -> Settings:
     """The least resources among the candidates within `within` of the best (exact estimates)."""
     best = max(estimates.values())
     return min((s for s, g in estimates.items() if g >= (1 - within) * best), key=resource)
@@ -92,7 +91,7 @@ def choose(estimates: dict[EngineSettings, float], within: float) -> EngineSetti
 class SizeResult:
     direction: str
     nbytes: int
-    settings: EngineSettings | None  # the chosen staging settings (None: nothing measured)
+    settings: Settings | None  # the chosen staging settings (None: nothing measured)
     gbps: float                      # their median
     pageable_gbps: float             # the driver's own copy, same size
     candidates: int = 0
@@ -121,10 +120,10 @@ class _Samples:
 
     def __init__(self, measure: Measure, direction: str, nbytes: int, tick: Tick | None):
         self.measure, self.direction, self.nbytes, self.tick = measure, direction, nbytes, tick
-        self.seen: dict[EngineSettings | None, list[float]] = {}
+        self.seen: dict[Settings | None, list[float]] = {}
         self.count = 0
 
-    def top_up(self, settings: EngineSettings | None, n: int) -> float:
+    def top_up(self, settings: Settings | None, n: int) -> float:
         got = self.seen.setdefault(settings, [])
         while len(got) < n:
             got.append(float(self.measure(self.direction, self.nbytes, settings)))
@@ -133,10 +132,10 @@ class _Samples:
                 self.tick(f"{self.direction} {_size(self.nbytes)}")
         return median(got)
 
-    def median(self, settings: EngineSettings | None) -> float:
+    def median(self, settings: Settings | None) -> float:
         return median(self.seen.get(settings, []))
 
-    def fresh(self, settings: EngineSettings, n: int) -> float:
+    def fresh(self, settings: Settings, n: int) -> float:
         """The median of n new samples, added to the others: the winner of a selection among noisy
         estimates is biased upwards; new samples of it are not."""
         got = self.seen[settings]
@@ -144,7 +143,7 @@ class _Samples:
         return median(got[-n:])
 
 
-def _halve(s: _Samples, alive: list[EngineSettings], opts: Options) -> list[EngineSettings]:
+def _halve(s: _Samples, alive: list[Settings], opts: Options) -> list[Settings]:
     rung = 0
     while len(alive) > opts.finalists:
         target = opts.schedule[min(rung, len(opts.schedule) - 1)]
@@ -158,12 +157,12 @@ def _halve(s: _Samples, alive: list[EngineSettings], opts: Options) -> list[Engi
     return alive
 
 
-def _least_resources(s: _Samples, best: EngineSettings, opts: Options) -> EngineSettings:
+def _least_resources(s: _Samples, best: Settings, opts: Options) -> Settings:
     """Re-measures cheaper candidates that might be within `within` of the best; the first
     (cheapest) that is, wins. Estimates from few samples get slack for their noise."""
     top = s.fresh(best, opts.final_samples)
 
-    def maybe(c: EngineSettings) -> bool:
+    def maybe(c: Settings) -> bool:
         n = len(s.seen[c])
         return s.median(c) >= (1 - opts.within - opts.noise / math.sqrt(n)) * top
 
@@ -178,16 +177,16 @@ def _least_resources(s: _Samples, best: EngineSettings, opts: Options) -> Engine
     return best
 
 
-def _store_mode(s: _Samples, best: EngineSettings, opts: Options) -> EngineSettings:
+def _store_mode(s: _Samples, best: Settings, opts: Options) -> Settings:
     """The winner again with the other store mode (streaming vs cached buffer fills): it depends on
     the machine's caches and the copy size, not on the rest of the settings, so one try suffices."""
-    other = replace(best, stream_stores=not best.stream_stores)
+    other = replace(best, stores="cached" if best.stores == "stream" else "stream")
     if s.top_up(other, opts.final_samples) > (1 + opts.within) * s.median(best):
         return other
     return best
 
 
-def search_size(measure: Measure, direction: str, nbytes: int, grid: Iterable[EngineSettings],
+def search_size(measure: Measure, direction: str, nbytes: int, grid: Iterable[Settings],
                 opts: Options = Options(), tick: Tick | None = None) -> SizeResult:
     grid = list(grid)
     s = _Samples(measure, direction, nbytes, tick)
@@ -224,7 +223,7 @@ def _refine_threshold(measure: Measure, lo: int, hi: SizeResult, opts: Options,
     return top, figures, count
 
 
-def confirm(measure: Measure, direction: str, nbytes: int, settings: EngineSettings | None, n_candidates: int,
+def confirm(measure: Measure, direction: str, nbytes: int, settings: Settings | None, n_candidates: int,
             opts: Options = Options(), tick: Tick | None = None) -> SizeResult:
     """Measures given settings against the driver's copy (the instant search's chosen ones)."""
     s = _Samples(measure, direction, nbytes, tick)
@@ -233,7 +232,7 @@ def confirm(measure: Measure, direction: str, nbytes: int, settings: EngineSetti
     return SizeResult(direction, nbytes, settings, staged, pageable, n_candidates, s.count)
 
 
-def pick_measured(measure: Measure, direction: str, nbytes: int, shortlist: Sequence[EngineSettings],
+def pick_measured(measure: Measure, direction: str, nbytes: int, shortlist: Sequence[Settings],
                   n_candidates: int, opts: Options = Options(), tick: Tick | None = None) -> SizeResult:
     """The instant search's last step: a few candidates measured side by side (the model's best
     guesses and the settings in force), the best median wins, is tried with the other store mode,
@@ -267,7 +266,7 @@ def direction_result(direction: str, results: list[SizeResult], opts: Options = 
 
 
 def search_direction(measure: Measure, direction: str, sizes: Sequence[int],
-                     grid: Callable[[int], list[EngineSettings]], opts: Options = Options(),
+                     grid: Callable[[int], list[Settings]], opts: Options = Options(),
                      tick: Tick | None = None) -> DirectionResult:
     """Every size, then the pass-through threshold: the lowest size from which staging wins at
     every measured size above, narrowed by bisection towards the largest size that passes."""
@@ -292,10 +291,9 @@ def rules(result: DirectionResult) -> list[Rule]:
         if r.settings is None:  # cannot happen: every size from the threshold up staged
             continue
         start = result.threshold if i == 0 else r.nbytes
-        extra = {"gbps": round(r.gbps, 2), "gain": round(r.gain, 2), "pageable_gbps": round(r.pageable_gbps, 2),
-                 "measured_bytes": r.nbytes}
-        out.append(Rule(start, r.settings.threads, r.settings.buffers, r.settings.chunk,
-                        r.settings.stream_stores, extra))
+        figures = {"gbps": round(r.gbps, 2), "gain": round(r.gain, 2), "pageable_gbps": round(r.pageable_gbps, 2),
+                   "measured_bytes": r.nbytes}
+        out.append(Rule(start, r.settings, figures))
     return out
 
 
