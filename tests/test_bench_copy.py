@@ -277,7 +277,7 @@ from cmt.config import Settings
 drv = cuda.load()
 with copy_sweep.CopyBench(drv, drv.open_device(0), 8 << 20) as b:
     for direction in {directions!r}:
-        b.copy_seconds("cmt", direction, 8 << 20, Settings({threads}, 4, 1 << 20, {stores!r}))
+        b.copy_seconds("cmt", direction, 8 << 20, Settings({threads}, 4, 1 << 20, stores={stores!r}))
         print(json.dumps(native.last_timeline()))
 """
     proc = run_python(code, env={"CMT_TRACE": "1", **(env or {})})

@@ -119,14 +119,12 @@ def test_settings_fields_are_the_engines_in_order():
     schema = native.settings_schema()
     assert [f.name for f in fields] == [f["name"] for f in schema]
     for f, spec in zip(fields, schema, strict=True):
-        if "choices" in spec:
-            assert f.default is dataclasses.MISSING or f.default in spec["choices"], f.name
-        else:
-            assert spec["min"] <= spec["max"], f.name
+        assert f.default == spec.get("default", dataclasses.MISSING), f.name  # the same defaults
+        assert f.default in spec["choices"] if "choices" in spec else spec["min"] <= spec["max"], f.name
 
 
 def test_settings_text_and_label():
-    s = cfg.Settings(8, 4, 4 << 20, "stream")
+    s = cfg.Settings(8, 4, 4 << 20, stores="stream")
     assert s.to_text() == "threads:8,buffers:4,chunk_bytes:4194304,stores:stream"
     assert cfg.Settings.from_text(s.to_text()) == s
     assert cfg.Settings.from_text("threads:2,buffers:4,chunk_bytes:65536") == cfg.Settings(2, 4, 65536)

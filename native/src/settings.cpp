@@ -9,14 +9,14 @@ namespace {
 
 struct Field {
   const char* name;
-  int64_t lo, hi;
+  int64_t lo, hi, dflt;
   const char* choices;  // "" or "a|b|..."
   const char* what;
   int64_t Settings::*member;
 };
 
 const Field kFields[] = {
-#define X_ITEM(name, lo, hi, choices, what) {#name, lo, hi, choices, what, &Settings::name},
+#define X_ITEM(name, lo, hi, dflt, choices, what) {#name, lo, hi, dflt, choices, what, &Settings::name},
     SETTINGS_TABLE(X_ITEM)
 #undef X_ITEM
 };
@@ -97,7 +97,9 @@ bool parse_settings(const char* text, Settings* out, const char** end, std::stri
     if (*p == ',') ++p;
   }
   for (size_t i = 0; i < sizeof kFields / sizeof kFields[0]; ++i) {
-    if (!given[i] && !*kFields[i].choices) return fail(error, std::string("missing setting ") + kFields[i].name);
+    if (given[i]) continue;
+    if (kFields[i].dflt == kRequired) return fail(error, std::string("missing setting ") + kFields[i].name);
+    s.*kFields[i].member = kFields[i].dflt;
   }
   if (!check_settings(s, error)) return false;
   *out = s;
@@ -120,6 +122,7 @@ std::string settings_schema_json() {
   for (const Field& f : kFields) {
     if (out.size() > 1) out += ",";
     out += std::string("{\"name\":\"") + f.name + "\",\"what\":\"" + f.what + "\"";
+    if (f.dflt != kRequired) out += ",\"default\":" + (*f.choices ? "\"" + choice_name(f.choices, f.dflt) + "\"" : std::to_string(f.dflt));
     if (*f.choices) {
       out += ",\"choices\":[";
       for (int64_t i = f.lo; i <= f.hi; ++i) out += (i > f.lo ? ",\"" : "\"") + choice_name(f.choices, i) + "\"";

@@ -3,6 +3,7 @@
 // are all generated from), what kind of host memory it touched, and what cmt did with it.
 #pragma once
 #include <cstddef>
+#include <climits>
 #include <cstdint>
 
 namespace cmt {
@@ -14,20 +15,22 @@ inline const char* direction_name(Direction d) { return d == Direction::HtoD ? "
 constexpr int kMaxThreads = 64;
 constexpr int kMaxBuffers = 64;
 
-// Every tuning setting of a staged copy: X(name, min, max, choices, what). `choices` is "" for a
-// number, else the names of the values 0, 1, ... separated by '|' (the first is the default).
+// Every tuning setting of a staged copy: X(name, min, max, default, choices, what). `default` is
+// what a plan that leaves the setting out gets (kRequired: it may not leave it out). `choices` is
+// "" for a number, else the names of the values 0, 1, ... separated by '|'.
 // Adding a setting here adds it to the plan's text form, the C API's struct and the schema that
 // Python validates tuned files against (cmt_settings_schema); the engine then has to use it.
+constexpr int64_t kRequired = INT64_MIN;
 #define SETTINGS_TABLE(X)                                                                          \
-  X(threads, 1, kMaxThreads, "", "worker threads, the calling thread included")                 \
-  X(buffers, 1, kMaxBuffers, "", "pinned staging buffers in the ring: DMAs in flight")         \
-  X(chunk_bytes, 4096, int64_t(256) << 20, "", "bytes per staging buffer and per DMA")          \
-  X(stores, 0, 1, "cached|stream", "how the threads write (h2d) or read (d2h) staging buffers: "  \
-                                   "cached stores, or non-temporal (streaming) ones")
+  X(threads, 1, kMaxThreads, kRequired, "", "worker threads, the calling thread included")      \
+  X(buffers, 1, kMaxBuffers, kRequired, "", "pinned staging buffers in the ring: DMAs in flight") \
+  X(chunk_bytes, 4096, int64_t(256) << 20, kRequired, "", "bytes per staging buffer and per DMA") \
+  X(stores, 0, 1, 0, "cached|stream", "how the threads write (h2d) or read (d2h) staging buffers: " \
+                                      "cached stores, or non-temporal (streaming) ones")
 
 // Laid out as int64 fields in table order: the C API hands this struct across as it is.
 struct Settings {
-#define X_ITEM(name, lo, hi, choices, what) int64_t name = 0;
+#define X_ITEM(name, lo, hi, dflt, choices, what) int64_t name = 0;
   SETTINGS_TABLE(X_ITEM)
 #undef X_ITEM
 };

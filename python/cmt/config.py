@@ -38,7 +38,7 @@ import contextlib
 import json
 import os
 import sys
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import KW_ONLY, MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +58,13 @@ MAX_FILE_BYTES = 1 << 20  # a tuned file is a few KiB; anything larger is not on
 @dataclass(frozen=True)
 class Settings:
     """How the engine stages a copy: the native table SETTINGS_TABLE (native/src/types.hpp), field
-    for field and in its order. A field with a default may be left out of a tuned file."""
+    for field, in its order and with its defaults. A field with a default may be left out of a
+    tuned file, and is given by keyword."""
 
     threads: int
     buffers: int
     chunk_bytes: int
+    _: KW_ONLY
     stores: str = "cached"
 
     def as_dict(self) -> dict[str, Any]:
