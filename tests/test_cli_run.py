@@ -128,3 +128,18 @@ def test_startup_is_cheap():
     t = time.perf_counter()
     cmt("run", "--", "true")
     assert time.perf_counter() - t < 10
+
+
+def test_without_a_driver_one_debug_line_says_nothing_was_staged():
+    """On a machine without a GPU, `cmt run` with CMT_LOG=debug CMT_STATS=1 says why nothing happened."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    r = subprocess.run([sys.executable, "-m", "cmt", "run", "--", "true"], capture_output=True, text=True,
+                       env={**env, "CMT_LOG": "debug", "CMT_STATS": "1"}, timeout=120)
+    assert r.returncode == 0
+    assert r.stderr.count("no CUDA driver (libcuda.so.1) was loaded in this process: nothing was staged") == 1, r.stderr
+
+
+def test_an_environment_value_not_understood_is_warned_about_once():
+    r = cmt("run", "--", "true", env={"CMT_LOG": "bogus"})
+    assert r.returncode == 0
+    assert r.stderr.count("warning: ignoring CMT_LOG=bogus (expected quiet, warn, info or debug)") == 1, r.stderr
