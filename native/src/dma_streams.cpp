@@ -28,15 +28,6 @@ ContextResources* DmaStreams::for_context(CUcontext ctx, int slots) {
   return res;
 }
 
-void DmaStreams::switch_to(CUcontext ctx) {
-  if (last_ctx_ && last_ctx_ != ctx) {
-    for (auto* c : contexts_) {
-      if (c->ctx == last_ctx_) d_.cuStreamSynchronize(c->stream);
-    }
-  }
-  last_ctx_ = ctx;
-}
-
 CUresult DmaStreams::queue(ContextResources* res, Direction dir, CUdeviceptr dev, char* staging, size_t len,
                            Slot& slot, int slot_index, size_t block) {
   CUstream stream = res->stream;

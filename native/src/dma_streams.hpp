@@ -1,4 +1,4 @@
-// The DMA side of the engine: per CUDA context, one private non-blocking stream that carries every
+// The DMA side of a pipeline: per CUDA context, one private non-blocking stream that carries every
 // DMA of cmt's copies in order, an event per staging slot (its last DMA) and one for a copy's end;
 // with CMT_TRACE, timing events around each DMA of the last copy.
 #pragma once
@@ -24,9 +24,6 @@ class DmaStreams {
   // The context's stream and events, with events for at least `slots` slots; nullptr if the driver
   // could not create them.
   ContextResources* for_context(CUcontext ctx, int slots);
-  // Called before a copy in `ctx`: if the last copy ran in another context, waits for its DMAs,
-  // which may still use the slots on a stream this context cannot order after.
-  void switch_to(CUcontext ctx);
   // Queues one DMA between device memory and a staging slot on the context's stream, then records
   // the slot's event there. `block` numbers it for the trace.
   CUresult queue(ContextResources* res, Direction dir, CUdeviceptr dev, char* staging, size_t len, Slot& slot,
@@ -41,7 +38,6 @@ class DmaStreams {
  private:
   const Driver& d_ = driver();
   std::vector<ContextResources*> contexts_;
-  CUcontext last_ctx_ = nullptr;
   ContextResources* trace_res_ = nullptr;  // the context whose timing events hold the last copy's
   std::mutex trace_order_;  // one DMA queued at a time, so that its timing events bracket it alone
 };

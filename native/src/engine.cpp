@@ -1,6 +1,7 @@
 #include "engine.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <vector>
 
@@ -32,6 +33,25 @@ int fresh_memory_threads() {
   return n;
 }
 
+// A pipeline carries one copy at a time for one context and direction: its own staging ring, DMA
+// stream and events, and its place in the lane pool. Copies in different directions or contexts
+// (GPUs) run at once on different pipelines, and so do copies from several threads in one
+// direction, each on a pipeline of its own, up to kPipelinesPerKey; the copy engines interleave
+// their DMAs. All pipelines share one pool of lanes.
+constexpr int kPipelinesPerKey = 4;
+
+struct Pipeline {
+  CUcontext ctx = nullptr;
+  Direction dir = Direction::HtoD;
+  std::mutex busy;  // held by the copy running on it
+  StagingRing ring;
+  DmaStreams dma;
+  LanePool::Run run;
+  Job job;
+  // Host-to-device: the event recorded after the last DMA of its last copy, once it has had one.
+  std::atomic<CUevent> last_done{nullptr};
+};
+
 class Engine {
  public:
   CUresult copy(const CopyRequest& req);
@@ -40,13 +60,69 @@ class Engine {
 
  private:
   static void lane(void* job, int index);
+  // A pipeline of (ctx, dir) for this copy, locked: a free one, a new one, or the first to free up.
+  Pipeline* acquire(CUcontext ctx, Direction dir, std::unique_lock<std::mutex>* held);
+  // Makes `stream` wait for the DMAs still in flight of host-to-device copies that have returned on
+  // the context's other pipelines: a program that copies to the GPU and then back, or twice to one
+  // place, sees its copies in the order it made them, as on one stream.
+  CUresult after_returned_copies(const Pipeline* p, CUstream stream);
 
-  std::mutex job_mutex_;  // one copy at a time
+  std::mutex pipelines_mutex_;  // the list of pipelines (never shrinks: copies hold pointers)
+  std::vector<Pipeline*> pipelines_;
   LanePool pool_;
-  StagingRing ring_;
-  DmaStreams dma_;
-  Job job_;
+  // CMT_TRACE: copies run one at a time, so that the timeline and the DMA times are one copy's.
+  std::mutex trace_mutex_;
+  Pipeline* traced_ = nullptr;
 };
+
+Pipeline* Engine::acquire(CUcontext ctx, Direction dir, std::unique_lock<std::mutex>* held) {
+  std::vector<Pipeline*> mine;
+  {
+    std::lock_guard<std::mutex> lock(pipelines_mutex_);
+    for (Pipeline* p : pipelines_) {
+      if (p->ctx == ctx && p->dir == dir) mine.push_back(p);
+    }
+  }
+  for (Pipeline* p : mine) {
+    std::unique_lock<std::mutex> lock(p->busy, std::try_to_lock);
+    if (lock.owns_lock()) {
+      *held = std::move(lock);
+      return p;
+    }
+  }
+  if (mine.size() < static_cast<size_t>(kPipelinesPerKey)) {
+    auto* p = new Pipeline();
+    p->ctx = ctx;
+    p->dir = dir;
+    if (pool_.add(&p->run)) {
+      *held = std::unique_lock<std::mutex>(p->busy);
+      std::lock_guard<std::mutex> lock(pipelines_mutex_);
+      pipelines_.push_back(p);
+      return p;
+    }
+    delete p;  // the pool is full: wait for one of the pipelines there are
+  }
+  if (mine.empty()) return nullptr;
+  static std::atomic<unsigned> turn{0};
+  Pipeline* p = mine[turn.fetch_add(1, std::memory_order_relaxed) % mine.size()];
+  *held = std::unique_lock<std::mutex>(p->busy);
+  return p;
+}
+
+CUresult Engine::after_returned_copies(const Pipeline* p, CUstream stream) {
+  std::vector<CUevent> pending;
+  {
+    std::lock_guard<std::mutex> lock(pipelines_mutex_);
+    for (const Pipeline* q : pipelines_) {
+      CUevent e = q->last_done.load(std::memory_order_acquire);
+      if (q != p && q->ctx == p->ctx && e) pending.push_back(e);
+    }
+  }
+  for (CUevent e : pending) {
+    if (CUresult r = driver().cuStreamWaitEvent(stream, e, 0); r != CUDA_SUCCESS) return r;
+  }
+  return CUDA_SUCCESS;
+}
 
 // Runs one lane of the job; a worker first makes the job's context current in its thread.
 void Engine::lane(void* arg, int index) {
@@ -72,8 +148,8 @@ void Engine::lane(void* arg, int index) {
 }
 
 std::string Engine::dma_gpu_times() {
-  std::lock_guard<std::mutex> lock(job_mutex_);
-  return dma_.trace_gpu_times(job_.plan.blocks);
+  std::lock_guard<std::mutex> lock(trace_mutex_);
+  return traced_ ? traced_->dma.trace_gpu_times(traced_->job.plan.blocks) : std::string();
 }
 
 CUresult Engine::copy(const CopyRequest& req) {
@@ -85,7 +161,11 @@ CUresult Engine::copy(const CopyRequest& req) {
   const bool prefault = req.dir == Direction::DtoH && prepare_fresh_destination(req.host, req.bytes);
   if (prefault) threads = std::max(threads, fresh_memory_threads());
 
-  std::lock_guard<std::mutex> lock(job_mutex_);
+  std::unique_lock<std::mutex> traced;
+  if (timeline::enabled()) traced = std::unique_lock<std::mutex>(trace_mutex_);
+  std::unique_lock<std::mutex> held;
+  Pipeline* p = acquire(req.ctx, req.dir, &held);
+  if (!p) return CUDA_ERROR_NOT_READY;
   // The calling thread works as lane 0; keep it out of other threads' global-mode captures too.
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
   const bool exchanged = d.cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS;
@@ -98,28 +178,31 @@ CUresult Engine::copy(const CopyRequest& req) {
     }
   } restore{d, exchanged, mode};
 
-  Job& j = job_;
-  dma_.trace_forget();  // the last copy's DMA times describe its blocks, about to be replaced
+  Job& j = p->job;
+  p->dma.trace_forget();  // the last copy's DMA times describe its blocks, about to be replaced
   j.plan = cut_transfer(req.dir, req.bytes, chunk, threads, env().test_piece);
   const int slots = static_cast<int>(std::min<size_t>(std::clamp<int64_t>(st.buffers, 1, kMaxSlots), j.plan.blocks));
-  ContextResources* res = dma_.for_context(req.ctx, slots);
+  ContextResources* res = p->dma.for_context(req.ctx, slots);
   // The ring is sized for the largest block any rule asks for, so that it is not replaced later.
-  if (!res || !ring_.ensure(slots, std::max(chunk, active_plan().max_chunk()))) return CUDA_ERROR_NOT_READY;
-  dma_.switch_to(req.ctx);
-  if (timeline::enabled()) dma_.trace_begin(res, j.plan.blocks);
+  if (!res || !p->ring.ensure(slots, std::max(chunk, active_plan().max_chunk()))) return CUDA_ERROR_NOT_READY;
+  if (after_returned_copies(p, res->stream) != CUDA_SUCCESS) return CUDA_ERROR_NOT_READY;
+  if (timeline::enabled()) {
+    p->dma.trace_begin(res, j.plan.blocks);
+    traced_ = p;
+  }
 
-  place_transfer(j.plan, ring_.slot_bytes(), chunk, ring_.flipped());
+  place_transfer(j.plan, p->ring.slot_bytes(), chunk, p->ring.flipped());
   HostMemory host(req.host, req.bytes, prefault);
   j.slots = slots;
   j.streamed = st.stores == kStoresStream;
   j.device = req.device;
   j.host = &host;
-  j.ring = &ring_;
-  j.dma = &dma_;
+  j.ring = &p->ring;
+  j.dma = &p->dma;
   j.res = res;
   j.next.store(0, std::memory_order_relaxed);
   j.error.store(CUDA_SUCCESS, std::memory_order_relaxed);
-  ring_.start_copy(slots, [&](int s) { return j.plan.pieces_in(static_cast<size_t>(s)); });
+  p->ring.start_copy(slots, [&](int s) { return j.plan.pieces_in(static_cast<size_t>(s)); });
   Clock::duration spin_tail{};
   if (req.dir == Direction::HtoD) {
     spin_tail = std::min<Clock::duration>(
@@ -134,13 +217,14 @@ CUresult Engine::copy(const CopyRequest& req) {
     // The first round of DMAs goes out before any lane starts; lanes queue the rest.
     if (CUresult r = j.queue_first_round(); r != CUDA_SUCCESS) return r;
   }
-  pool_.run(lanes, &Engine::lane, &j, spin_tail);  // returns once every lane that took part is done
+  pool_.run(p->run, lanes, &Engine::lane, &j, spin_tail);  // returns once every lane that took part is done
   j.host = nullptr;
 
   CUresult err = j.error.load(std::memory_order_relaxed);
   if (req.dir == Direction::HtoD && err == CUDA_SUCCESS) {
     // Later work on the caller's stream waits for the DMAs still in flight.
     err = d.cuEventRecord(res->done, res->stream);
+    if (err == CUDA_SUCCESS) p->last_done.store(res->done, std::memory_order_release);
     if (err == CUDA_SUCCESS) err = d.cuStreamWaitEvent(req.stream, res->done, 0);
   }
   if (timeline::enabled()) timeline::note(timeline::Step::CopyEnd);

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "env.hpp"
+#include "prefault.hpp"
 #include "spin.hpp"
 
 namespace cmt {
@@ -22,29 +23,56 @@ Clock::duration spin_time() { return std::chrono::microseconds(env().spin_us); }
 // of the next copy, that the scheduler put on this CPU would otherwise wait for the whole spin.
 constexpr std::chrono::microseconds kSpinYield{50};
 
+constexpr uint64_t kInside = (uint64_t(1) << 15) - 1;
+
 }  // namespace
 
-void LanePool::run(int lanes, Work work, void* arg, Clock::duration spin_tail) {
-  while (workers_ < lanes - 1) start_worker(++workers_);
-  if (lanes > 1) {
-    work_ = work;
-    arg_ = arg;
-    spin_tail_ = spin_tail;
-    uint64_t gen = (ticket_.load(std::memory_order_relaxed) >> 8) + 1;
-    door_.store(gen << 16, std::memory_order_release);  // open, nobody inside
-    ticket_.store((gen << 8) | static_cast<uint64_t>(lanes), std::memory_order_release);
+// The budget: the CPUs this process may use, and at least what one copy may ask for alone.
+LanePool::LanePool() : budget_(static_cast<int>(std::max<long>(usable_cpus(), 16))) {}
+
+bool LanePool::add(Run* run) {
+  std::lock_guard<std::mutex> lock(start_mutex_);
+  int n = run_count_.load(std::memory_order_relaxed);
+  if (n == kMaxRuns) return false;
+  runs_[n] = run;
+  run_count_.store(n + 1, std::memory_order_release);
+  return true;
+}
+
+void LanePool::run(Run& r, int lanes, Work work, void* arg, Clock::duration spin_tail) {
+  // What the other runs in progress leave of the budget; a run always has its caller.
+  int in_use = lanes_in_use_.load(std::memory_order_relaxed), granted;
+  do {
+    granted = std::clamp(budget_ - in_use, 1, lanes);
+  } while (!lanes_in_use_.compare_exchange_weak(in_use, in_use + granted, std::memory_order_relaxed));
+  if (granted > 1) {
+    int started = workers_.load(std::memory_order_relaxed);
+    if (started < std::min(granted - 1 + in_use, budget_)) {
+      std::lock_guard<std::mutex> lock(start_mutex_);
+      while (workers_.load(std::memory_order_relaxed) < std::min(granted - 1 + in_use, budget_)) {
+        start_worker(workers_.fetch_add(1, std::memory_order_relaxed) + 1);
+      }
+    }
+    r.work = work;
+    r.arg = arg;
+    r.spin_tail = spin_tail;
+    r.wanted.store(granted - 1, std::memory_order_relaxed);
+    const uint64_t gen = (r.door.load(std::memory_order_relaxed) >> 32) + 1;
+    r.door.store(gen << 32, std::memory_order_release);  // open, nobody inside
+    ticket_.fetch_add(1, std::memory_order_release);
     { std::lock_guard<std::mutex> wake(wake_mutex_); }
     wake_cv_.notify_all();
   }
   work(arg, 0);
-  if (lanes > 1) {
-    door_.fetch_or(kDoorClosed, std::memory_order_acq_rel);
+  if (granted > 1) {
+    r.door.fetch_or(kDoorClosed, std::memory_order_acq_rel);
     Backoff backoff;
-    while ((door_.load(std::memory_order_acquire) & (kDoorClosed - 1)) != 0) backoff.pause();
+    while ((r.door.load(std::memory_order_acquire) & kInside) != 0) backoff.pause();
     // the workers' spin runs from now
-    returned_at_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
-    returned_gen_.store(ticket_.load(std::memory_order_relaxed) >> 8, std::memory_order_release);
+    r.returned_at.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+    r.returned_gen.store(r.door.load(std::memory_order_relaxed) >> 32, std::memory_order_release);
   }
+  lanes_in_use_.fetch_sub(granted, std::memory_order_relaxed);
 }
 
 void LanePool::start_worker(int index) {
@@ -52,55 +80,71 @@ void LanePool::start_worker(int index) {
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
-  uint64_t seen = ticket_.load(std::memory_order_relaxed) >> 8;
-  std::thread([this, index, seen] { worker_main(index, seen); }).detach();
+  std::thread([this, index] { worker_main(index); }).detach();
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
 }
 
-bool LanePool::enter(uint64_t gen) {
-  uint64_t d = door_.load(std::memory_order_acquire);
-  while ((d >> 16) == (gen << 16 >> 16) && !(d & kDoorClosed)) {
-    if (door_.compare_exchange_weak(d, d + 1, std::memory_order_acq_rel)) return true;
+LanePool::Run* LanePool::enter_any(int* lane, uint64_t* gen) {
+  const int n = run_count_.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    Run* r = runs_[i];
+    uint64_t d = r->door.load(std::memory_order_acquire);
+    while (!(d & kDoorClosed) && ((d >> 16) & 0xffff) < static_cast<uint64_t>(r->wanted.load(std::memory_order_relaxed))) {
+      if (r->door.compare_exchange_weak(d, d + (uint64_t(1) << 16) + 1, std::memory_order_acq_rel)) {
+        *lane = static_cast<int>((d >> 16) & 0xffff) + 1;
+        *gen = d >> 32;
+        return r;
+      }
+    }
   }
-  return false;
+  return nullptr;
 }
 
-void LanePool::worker_main(int index, uint64_t seen) {
+void LanePool::worker_main(int index) {
   char name[16];
   snprintf(name, sizeof name, "cmt-copy-%d", index);
   pthread_setname_np(pthread_self(), name);
   const auto late_start = std::chrono::microseconds(env().test_late_start_us);
-  bool spin = false;  // only a worker the last run used spins for the next: idle ones leave the CPUs to the lanes
-  Clock::duration tail{};  // the last run's spin_tail
+  Run* served = nullptr;  // the last run this worker took part in, and its generation: it spins after it
+  uint64_t served_gen = 0;
+  Clock::duration tail{};
+  uint64_t seen = ~uint64_t(0);
   for (;;) {
     uint64_t t = ticket_.load(std::memory_order_acquire);
-    if ((t >> 8) == seen) {
-      // Spin until spin_time() + tail after the run returned, yielding every kSpinYield.
-      Clock::time_point next_yield = Clock::now() + kSpinYield;
-      while (spin && (ticket_.load(std::memory_order_acquire) >> 8) == seen) {
-        Clock::time_point now = Clock::now();
-        if (returned_gen_.load(std::memory_order_acquire) == seen &&
-            now >= Clock::time_point(Clock::duration(returned_at_.load(std::memory_order_relaxed))) + spin_time() + tail) {
-          break;
-        }
-        if (now >= next_yield) {
-          sched_yield();
-          next_yield = now + kSpinYield;
-        }
-        cpu_relax();
+    if (t != seen) {
+      seen = t;
+      if (late_start.count() && run_count_.load(std::memory_order_relaxed)) std::this_thread::sleep_for(late_start);
+      int lane = 0;
+      uint64_t gen = 0;
+      if (Run* r = enter_any(&lane, &gen)) {
+        r->work(r->arg, lane);
+        tail = r->spin_tail;  // read before the run may end and its next copy replace it
+        leave(r);
+        served = r;
+        served_gen = gen;
+        seen = ~uint64_t(0);  // look again at once: another run may want workers
       }
-      spin = false;
-      std::unique_lock<std::mutex> lock(wake_mutex_);
-      wake_cv_.wait(lock, [&] { return (ticket_.load(std::memory_order_acquire) >> 8) != seen; });
       continue;
     }
-    seen = t >> 8;
-    spin = index < static_cast<int>(t & 0xff);
-    if (spin && late_start.count()) std::this_thread::sleep_for(late_start);
-    if (!spin || !enter(seen)) continue;  // not needed for this run, or it no longer needs this worker
-    work_(arg_, index);
-    tail = spin_tail_;  // read before the run may end and the next one replace it
-    leave();
+    // Spin until spin_time() + tail after the run this worker served returned, yielding every
+    // kSpinYield; then sleep until a run starts.
+    Clock::time_point next_yield = Clock::now() + kSpinYield;
+    while (served && ticket_.load(std::memory_order_acquire) == seen) {
+      Clock::time_point now = Clock::now();
+      if (served->returned_gen.load(std::memory_order_acquire) == served_gen &&
+          now >= Clock::time_point(Clock::duration(served->returned_at.load(std::memory_order_relaxed))) +
+                     spin_time() + tail) {
+        break;
+      }
+      if (now >= next_yield) {
+        sched_yield();
+        next_yield = now + kSpinYield;
+      }
+      cpu_relax();
+    }
+    served = nullptr;
+    std::unique_lock<std::mutex> lock(wake_mutex_);
+    wake_cv_.wait(lock, [&] { return ticket_.load(std::memory_order_acquire) != seen; });
   }
 }
 

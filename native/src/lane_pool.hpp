@@ -1,14 +1,15 @@
-// The worker pool: persistent threads (lanes 1..N) that join the calling thread (lane 0) on each
-// copy. A copy runs `work(lane)` on as many lanes as it asks for; the caller starts at once, and
-// workers join as the scheduler wakes them.
+// The worker pool: persistent threads that join the calling thread (lane 0) of each copy. Several
+// copies may run at once (each pipeline of the engine has its own Run); the workers are one pool
+// that serves them all, within one budget of lanes. A copy runs `work(lane)` on as many lanes as
+// it is granted; its caller starts at once, and workers join as the scheduler wakes them.
 //
-// Which workers a copy waits for: a worker enters a copy only while its door is open; the caller
+// Which workers a copy waits for: a worker enters a run only while its door is open; the caller
 // closes it once it runs out of work and then waits for the workers inside alone. A worker the
 // scheduler wakes late thus finds the door closed and never holds a copy up.
 //
-// Idle workers that took part in the last copy spin for a while before they sleep (CMT_SPIN_US,
-// plus the copy's `spin_tail`), so that back-to-back copies start without a futex wake-up per
-// worker; while spinning they offer their CPU to other threads every 50 µs.
+// Idle workers that took part in a copy spin for a while after it returns before they sleep
+// (CMT_SPIN_US, plus the copy's `spin_tail`), so that back-to-back copies start without a futex
+// wake-up per worker; while spinning they offer their CPU to other threads every 50 µs.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -25,33 +26,53 @@ using Clock = std::chrono::steady_clock;
 class LanePool {
  public:
   using Work = void (*)(void* arg, int lane);
-  // Runs work(arg, lane) on lanes 0..lanes-1, lane 0 in the calling thread; returns once lane 0 has
-  // returned and every worker that entered has left. The workers then spin for `spin_tail` beyond
-  // the usual spin. One run at a time.
-  void run(int lanes, Work work, void* arg, Clock::duration spin_tail);
+  static constexpr int kMaxRuns = 64;  // pipelines that may ever run copies (engine.cpp)
+
+  // One copy's place in the pool: its door and what its lanes run. Owned by a pipeline, which
+  // runs one copy at a time through it; registered once, never removed.
+  struct Run {
+    // (generation << 32) | (workers that entered << 16) | kDoorClosed | (workers inside)
+    std::atomic<uint64_t> door{0};
+    std::atomic<int> wanted{0};  // workers this generation takes at most
+    Work work = nullptr;
+    void* arg = nullptr;
+    Clock::duration spin_tail{};
+    std::atomic<Clock::rep> returned_at{0};  // when generation returned_gen returned
+    std::atomic<uint64_t> returned_gen{0};
+  };
+
+  // Registers a run; false when kMaxRuns are registered already.
+  bool add(Run* run);
+  // Runs work(arg, lane) on up to `lanes` lanes, lane 0 in the calling thread; returns once lane 0
+  // has returned and every worker that entered has left. How many lanes it gets depends on what
+  // other runs hold of the budget (at least the caller's own). Workers then spin for `spin_tail`
+  // beyond the usual spin.
+  void run(Run& r, int lanes, Work work, void* arg, Clock::duration spin_tail);
   // A forked child has none of the parent's threads: the pool must never wait for them.
   void forget() { forked_ = true; }
   bool forgotten() const { return forked_; }
 
  private:
-  void start_worker(int index);
-  void worker_main(int index, uint64_t seen);
-  bool enter(uint64_t gen);
-  void leave() { door_.fetch_sub(1, std::memory_order_release); }
-
-  int workers_ = 0;  // worker threads started (lanes 1..workers_)
-  Work work_ = nullptr;
-  void* arg_ = nullptr;
-  Clock::duration spin_tail_{};
-  std::atomic<uint64_t> ticket_{0};  // (generation << 8) | lanes of the current run
-  // (generation << 16) | workers inside | kDoorClosed
-  std::atomic<uint64_t> door_{0};
   static constexpr uint64_t kDoorClosed = uint64_t(1) << 15;
-  std::atomic<Clock::rep> returned_at_{0};  // when the run of generation returned_gen_ returned
-  std::atomic<uint64_t> returned_gen_{0};
+  void start_worker(int index);
+  void worker_main(int index);
+  // Enters some open run that still wants workers; returns it (and the lane) or nullptr.
+  Run* enter_any(int* lane, uint64_t* gen);
+  static void leave(Run* r) { r->door.fetch_sub(1, std::memory_order_release); }
+
+  std::mutex start_mutex_;          // starting workers, registering runs
+  std::atomic<int> workers_{0};     // worker threads started
+  std::atomic<int> run_count_{0};
+  Run* runs_[kMaxRuns] = {};
+  std::atomic<int> lanes_in_use_{0};  // lanes granted to runs in progress (their callers included)
+  const int budget_;                  // lanes all runs together may use
+  std::atomic<uint64_t> ticket_{0};   // counts run starts: a new one wakes the workers
   std::mutex wake_mutex_;
   std::condition_variable wake_cv_;
   std::atomic<bool> forked_{false};
+
+ public:
+  LanePool();
 };
 
 }  // namespace cmt

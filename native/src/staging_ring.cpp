@@ -13,7 +13,7 @@ bool StagingRing::ensure(int slots, size_t bytes) {
     slot_bytes_ = bytes;
   }
   while (count_ < slots) {
-    // Portable: one ring serves every context and device. (The engine's own memory on transparent
+    // Portable pinned memory. (The engine's own memory on transparent
     // huge pages, registered, measured the same: docs/engine-findings.md.)
     if (d_.cuMemHostAlloc(&slots_[count_].mem, slot_bytes_, CU_MEMHOSTALLOC_PORTABLE) != CUDA_SUCCESS) return false;
     ++count_;

@@ -1,5 +1,5 @@
 // The staging ring: portable pinned buffers (slots) that the lanes fill or drain while the copy
-// engine DMAs others. One ring serves every context and device. Each slot remembers its last DMA's
+// engine DMAs others. Each pipeline of the engine has its own. Each slot remembers its last DMA's
 // event and, for the copy in flight, which of its rounds (block b uses slot b % slots in round
 // b / slots) have been queued and finished.
 #pragma once

@@ -269,6 +269,55 @@ def multi_device(req: dict) -> dict:
     return {"devices": len(contexts), "errors": errors, "stats": delta}
 
 
+def overlap(req: dict) -> dict:
+    """Copies of `size` bytes, given as [direction, device] per thread, all at once, each thread on a
+    stream of its own; then each alone. Wall seconds of both, and whether every byte arrived."""
+    jobs = [tuple(j) for j in req["jobs"]]
+    contexts = [drv.primary_ctx(d) for d in range(drv.device_count())]
+    n = req["size"]
+    errors: list[str] = []
+    buffers = []
+    for t, (_direction, device) in enumerate(jobs):
+        drv.ctx_set_current(contexts[device])
+        data = random.Random(t).randbytes(n)
+        dev = drv.mem_alloc(n)
+        drv.poke(dev, data)
+        buffers.append((data, dev, ctypes.create_string_buffer(data, n), ctypes.create_string_buffer(n)))
+    drv.ctx_set_current(ctx)
+
+    def work(t: int) -> None:
+        try:
+            direction, device = jobs[t]
+            drv.ctx_set_current(contexts[device])
+            data, dev, src, out = buffers[t]
+            stream = drv.stream_create(CU_STREAM_NON_BLOCKING)
+            if direction == "h2d":
+                drv.memcpy("cuMemcpyHtoDAsync_v2", dev, src, n, stream)
+                drv.stream_sync(stream)
+                ok = drv.peek(dev, n) == data
+            else:
+                drv.memcpy("cuMemcpyDtoHAsync_v2", out, dev, n, stream)
+                ok = out.raw == data
+            if not ok:
+                errors.append(f"thread {t}: mismatch")
+            drv.stream_destroy(stream)
+        except Exception as e:  # reported to the test
+            errors.append(f"thread {t}: {e!r}")
+
+    start = time.monotonic()
+    delta = in_threads(work, len(jobs))
+    together = time.monotonic() - start
+    alone = []
+    for t in range(len(jobs)):
+        start = time.monotonic()
+        in_threads(lambda _i, t=t: work(t), 1)
+        alone.append(time.monotonic() - start)
+    for _data, dev, _src, _out in buffers:
+        drv.mem_free(dev)
+    drv.ctx_set_current(ctx)
+    return {"together_s": together, "alone_s": alone, "errors": errors, "stats": delta}
+
+
 def legacy_during_capture(req: dict) -> dict:
     """A legacy-stream copy while a blocking stream captures: the driver's own error (906)."""
     n = req["size"]
@@ -348,6 +397,7 @@ def fork(req: dict) -> dict:
 def main() -> None:
     handlers = {"roundtrip": roundtrip, "ordering": ordering, "concurrent": concurrent, "call": call,
                 "fork": fork, "multi_device": multi_device, "legacy_during_capture": legacy_during_capture,
+                "overlap": overlap,
                 "stats": lambda _r: stats()}
     for line in sys.stdin:
         req = json.loads(line)
