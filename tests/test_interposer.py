@@ -87,6 +87,14 @@ def outcome(reply: dict, direction: str) -> dict:
     return reply["stats"].get(direction, {})
 
 
+def staged_or_guarded(reply: dict, direction: str) -> int:
+    """Copies staged, or passed to the driver by the guard (rate_guard.hpp), which may find staging
+    slower than the stand-in's pageable copies while many threads share this machine's few cores."""
+    got = outcome(reply, direction)
+    assert set(got) <= {"accelerated", "backed_off"} and got.get("accelerated"), got
+    return sum(got.values())
+
+
 # ---- bytes ------------------------------------------------------------------------------------
 
 SIZES = st.one_of(
@@ -236,7 +244,7 @@ def test_old_32bit_abi_entry_points_are_not_wrapped(server):
 def test_eight_threads_four_streams_at_once(server):
     r = server("concurrent", threads=8, streams=4, rounds=6)
     assert r["errors"] == []
-    assert outcome(r, "h2d") == {"accelerated": 48} and outcome(r, "d2h") == {"accelerated": 48}
+    assert staged_or_guarded(r, "h2d") == 48 and staged_or_guarded(r, "d2h") == 48
 
 
 def test_several_devices_and_threads_share_the_engine(fake_driver_dir):
@@ -244,7 +252,7 @@ def test_several_devices_and_threads_share_the_engine(fake_driver_dir):
     try:
         r = s("multi_device", threads=6, rounds=5)
         assert r["devices"] == 2 and r["errors"] == []
-        assert outcome(r, "h2d") == {"accelerated": 30} and outcome(r, "d2h") == {"accelerated": 30}
+        assert staged_or_guarded(r, "h2d") == 30 and staged_or_guarded(r, "d2h") == 30
     finally:
         s.close()
 
@@ -258,7 +266,7 @@ def test_forked_child_passes_everything_through(server):
     r = server("fork", size=4 * MIB)
     assert outcome(r["child"], "h2d") == {"forked_child": 1}
     assert r["parent"]["device_ok"] and r["parent"]["host_ok"]
-    assert outcome(r["parent"], "h2d") == {"accelerated": 1}
+    assert outcome(r["parent"], "h2d") in ({"accelerated": 1}, {"backed_off": 1})
 
 
 def test_cmt_disable_turns_everything_off(fake_driver_dir):
@@ -335,3 +343,26 @@ def test_copies_on_different_pipelines_run_at_once(slow_link_server, jobs):
     one = max(r["alone_s"])
     # one after another they would take len(jobs) times as long as one alone
     assert r["together_s"] < one * (len(jobs) + 1) / 2, r
+
+
+# ---- never slower than the driver -------------------------------------------------------------------
+
+def test_staging_slower_than_the_driver_backs_off_and_comes_back(fake_driver_dir):
+    """The stand-in's DMAs from pinned memory (cmt's) are made slower than its pageable copies (the
+    driver's own): cmt passes copies through while staging loses, and stages again once it wins."""
+    s = CopyServer(fake_driver_dir, CMT_LOG="debug", CMT_STATS="1",
+                   CMT_PLAN=";".join(f"{d}:1048576=threads:2,buffers:4,chunk_bytes:1048576" for d in ("h2d", "d2h")))
+    copies = {"size": 4 * MIB, "count": 12}
+    quiet = s("timed_copies", pinned_gbps=0, pageable_gbps=0.5, **copies)
+    busy = s("timed_copies", pinned_gbps=0.05, pageable_gbps=2, **{**copies, "count": 24})
+    again = s("timed_copies", pinned_gbps=0, pageable_gbps=0.5, **{**copies, "count": 20})
+    err = s.close()
+    assert quiet["ok_bytes"] and busy["ok_bytes"] and again["ok_bytes"]
+    assert quiet["stats"] == {"h2d": {"accelerated": 12}, "d2h": {"accelerated": 12}}
+    assert quiet["events"] == {"backed_off": 0, "staged_again": 0}
+    assert busy["events"]["backed_off"] == 2, busy  # once per direction
+    assert all(busy["stats"][d]["backed_off"] >= 8 for d in ("h2d", "d2h")), busy
+    assert again["events"]["staged_again"] == 2, again
+    assert all(again["stats"][d]["accelerated"] >= 10 for d in ("h2d", "d2h")), again
+    assert err.count("bytes back off to the driver") == 2 and err.count("bytes staged again") == 2, err
+    assert "backed off to the driver 2 times, staged again 2 times" in err, err

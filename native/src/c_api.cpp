@@ -8,6 +8,7 @@
 #include "engine.hpp"
 #include "log.hpp"
 #include "plan.hpp"
+#include "rate_guard.hpp"
 #include "settings.hpp"
 #include "stats.hpp"
 #include "timeline.hpp"
@@ -78,8 +79,10 @@ API_EXPORT CUresult cmt_memcpy(int dir, void* host, CUdeviceptr device, size_t b
   Outcome o = try_accelerate(call, &r);
   if (outcome) *outcome = static_cast<int>(o);
   if (o == Outcome::Accelerated) return r;
-  return call.dir == Direction::HtoD ? d.cuMemcpyHtoDAsync(device, host, bytes, stream)
-                                     : d.cuMemcpyDtoHAsync(host, device, bytes, stream);
+  return driver_copy(o, call.dir, bytes, [&] {
+    return call.dir == Direction::HtoD ? d.cuMemcpyHtoDAsync(device, host, bytes, stream)
+                                       : d.cuMemcpyDtoHAsync(host, device, bytes, stream);
+  });
 }
 
 // The tuning settings' names, limits and choices as JSON (settings.hpp): Python validates tuned

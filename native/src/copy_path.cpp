@@ -5,6 +5,7 @@
 #include "driver.hpp"
 #include "engine.hpp"
 #include "plan.hpp"
+#include "rate_guard.hpp"
 
 namespace cmt {
 namespace {
@@ -101,9 +102,17 @@ Outcome decide_and_copy(const CopyCall& call, CUresult* result, HostKind* kind) 
   if (d.cuEventRecord(entry, stream) != CUDA_SUCCESS) return Outcome::StreamContext;
   if (d.cuEventSynchronize(entry) != CUDA_SUCCESS) return Outcome::StreamContext;
 
+  // Never slower than the driver: while staging loses on this host, the driver copies (rate_guard.hpp).
+  // Both are timed from here, the stream's earlier work done. The C API's explicit settings
+  // (benchmarks, the tuner) are measured as they are.
+  const bool guarded = call.forced == nullptr;
+  if (guarded && guard_decide(call.dir, call.bytes) != Verdict::Stage) return Outcome::BackedOff;
+  const uint64_t start = guarded ? monotonic_ns() : 0;
+
   CopyRequest req{call.dir, ctx, call.host, call.device, call.bytes, stream, settings};
   CUresult r = engine_copy(req);
   if (r == CUDA_ERROR_NOT_READY) return Outcome::Resources;
+  if (guarded && r == CUDA_SUCCESS) guard_staged(call.dir, call.bytes, monotonic_ns() - start);
   *result = r;
   return Outcome::Accelerated;
 }

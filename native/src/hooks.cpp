@@ -17,6 +17,7 @@
 #include "driver.hpp"
 #include "env.hpp"
 #include "log.hpp"
+#include "rate_guard.hpp"
 #include "recorder.hpp"
 #include "stats.hpp"
 
@@ -42,13 +43,14 @@ CUresult intercept(EntryId id, Direction dir, const void* host, CUdeviceptr dev,
   CopyCall call{dir, const_cast<char*>(static_cast<const char*>(host)), dev, n, s, ds};
   CUresult r = CUDA_SUCCESS;
   if (!recording()) {
-    return try_accelerate(call, &r) == Outcome::Accelerated ? r : call_real();
+    Outcome o = try_accelerate(call, &r);
+    return o == Outcome::Accelerated ? r : driver_copy(o, dir, n, call_real);
   }
   uint64_t start = now_ns();
   HostKind kind = HostKind::Unknown;
   Outcome o = try_accelerate(call, &r, &kind);
   if (o != Outcome::Accelerated) {
-    r = call_real();
+    r = driver_copy(o, dir, n, call_real);
     if (kind == HostKind::Unknown) kind = classify_host(host);
   }
   // tid 0: the recorder fills in its cached thread id (gettid() is a system call).

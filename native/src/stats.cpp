@@ -10,6 +10,7 @@
 
 #include "env.hpp"
 #include "log.hpp"
+#include "rate_guard.hpp"
 
 namespace cmt {
 namespace {
@@ -56,6 +57,11 @@ void print_report() {
   }
   if (!env().stats) return;
   if (!any) add("  no host<->device copies seen\n");
+  const GuardEvents ev = guard_events();
+  if (ev.backed_off) {
+    add("  backed off to the driver %llu times, staged again %llu times\n",
+        static_cast<unsigned long long>(ev.backed_off), static_cast<unsigned long long>(ev.staged_again));
+  }
   ssize_t ignored = write(STDERR_FILENO, buf, len);
   (void)ignored;
 }
@@ -87,7 +93,9 @@ std::string stats_json() {
     }
     s += "}";
   }
-  return s + "}";
+  const GuardEvents ev = guard_events();
+  return s + ",\"events\":{\"backed_off\":" + std::to_string(ev.backed_off) + ",\"staged_again\":" +
+         std::to_string(ev.staged_again) + "}}";
 }
 
 void enable_exit_report() {

@@ -13,7 +13,8 @@ const char* outcome_text(Outcome o);
 // Counts a copy; logs the outcome once per direction at debug level.
 void record(Direction d, Outcome o, size_t bytes);
 
-// {"h2d": {"accelerated": [copies, bytes], ...}, "d2h": {...}}
+// {"h2d": {"accelerated": [copies, bytes], ...}, "d2h": {...},
+//  "events": {"backed_off": n, "staged_again": n}}  (rate_guard.hpp)
 std::string stats_json();
 
 // Prints the counters to stderr at exit when CMT_STATS=1 (registered on first use).

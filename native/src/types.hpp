@@ -57,7 +57,8 @@ enum class DefaultStream { Legacy, PerThread };
   X(DeviceRange, "device_range", "the device range is not one allocation of this context; the driver reports it") \
   X(Capturing, "capturing", "the stream is being captured into a graph")                      \
   X(StreamContext, "stream_context", "the stream could not be used from this context")        \
-  X(Resources, "resources", "staging buffers, streams or events could not be created")
+  X(Resources, "resources", "staging buffers, streams or events could not be created")        \
+  X(BackedOff, "backed_off", "staged copies of this size ran slower than the driver's own on this busy host (rate_guard.hpp)")
 
 enum class Outcome : int {
 #define X_ITEM(id, name, text) id,

@@ -211,12 +211,14 @@ SIGNATURES: dict[str, tuple] = {
     "fakecuda_peek": (c_void_p, CUdeviceptr, c_size_t),
     "fakecuda_poke": (CUdeviceptr, c_void_p, c_size_t),
     "fakecuda_copy_gbps": (),
+    "fakecuda_set_copy_gbps": (c_double, c_double),
 }
 _RESTYPE = {
     "fakecuda_call_count": c_longlong,
     "fakecuda_reset_counts": None,
     "fakecuda_live_streams": c_int,
     "fakecuda_copy_gbps": c_double,
+    "fakecuda_set_copy_gbps": None,
 }
 
 

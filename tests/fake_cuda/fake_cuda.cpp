@@ -255,7 +255,7 @@ struct Global {
   std::atomic<bool> inited{false};
   CUresult init_result = CUDA_SUCCESS;
   int ndev = 1;
-  double copy_gbps = 0, pageable_gbps = 0;
+  std::atomic<double> copy_gbps{0}, pageable_gbps{0};  // set at init, or by fakecuda_set_copy_gbps
   uintptr_t va_base = 0;
   size_t va_len = 0;
   std::mutex dev_mu;  // devices' VA lists + retain counts
@@ -340,7 +340,10 @@ void do_init() {
   if (n > kMaxDevices) n = kMaxDevices;
   g.ndev = n;
   g.copy_gbps = env_double("FAKE_CUDA_COPY_GBPS");
-  g.pageable_gbps = env_double("FAKE_CUDA_PAGEABLE_GBPS");
+  // Like a real driver's, copies from pageable memory are slower than the link (FAKE_CUDA_PAGEABLE_GBPS,
+  // default 0.5 GB/s; 0: as fast as memcpy): cmt's guard compares its staged copies with them.
+  const char* pageable = getenv("FAKE_CUDA_PAGEABLE_GBPS");
+  g.pageable_gbps = pageable && *pageable ? env_double("FAKE_CUDA_PAGEABLE_GBPS") : 0.5;
   if (n == 0) {
     g.init_result = CUDA_ERROR_NO_DEVICE;
     return;
@@ -2160,3 +2163,9 @@ FAKE_EXPORT CUresult fakecuda_poke(CUdeviceptr dst, const void* src, size_t n) {
 
 // The FAKE_CUDA_COPY_GBPS limit in effect (0 = unlimited).
 FAKE_EXPORT double fakecuda_copy_gbps(void) { return G().copy_gbps; }
+
+// Changes the link's speed from now on (FAKE_CUDA_COPY_GBPS, FAKE_CUDA_PAGEABLE_GBPS; 0 = unlimited).
+FAKE_EXPORT void fakecuda_set_copy_gbps(double pinned, double pageable) {
+  G().copy_gbps = pinned;
+  G().pageable_gbps = pageable;
+}

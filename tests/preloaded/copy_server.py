@@ -46,7 +46,7 @@ def stats() -> dict:
 def stats_delta(before: dict, after: dict) -> dict:
     """{"h2d": {"accelerated": copies, ...}} for the outcomes that changed."""
     out: dict = {}
-    for d in after:
+    for d in ("h2d", "d2h"):
         for k, (c, _b) in after[d].items():
             diff = c - before[d][k][0]
             if diff:
@@ -318,6 +318,26 @@ def overlap(req: dict) -> dict:
     return {"together_s": together, "alone_s": alone, "errors": errors, "stats": delta}
 
 
+def timed_copies(req: dict) -> dict:
+    """`count` round trips of `size` bytes, after setting the stand-in link's speed (GB/s, 0: as fast
+    as it goes) for pinned DMAs (cmt's) and for pageable copies (the driver's own)."""
+    drv.call("fakecuda_set_copy_gbps", float(req["pinned_gbps"]), float(req["pageable_gbps"]))
+    n = req["size"]
+    before = stats()
+    data = random.Random(n).randbytes(n)
+    src, out = ctypes.create_string_buffer(data, n), ctypes.create_string_buffer(n)
+    dev = drv.mem_alloc(n)
+    ok = True
+    for _ in range(req["count"]):
+        drv.memcpy("cuMemcpyHtoD_v2", dev, src, n)
+        drv.memcpy("cuMemcpyDtoH_v2", out, dev, n)
+        ok = ok and out.raw == data
+    drv.mem_free(dev)
+    after = stats()
+    events = {k: after["events"][k] - before["events"][k] for k in after["events"]}
+    return {"ok_bytes": ok, "stats": stats_delta(before, after), "events": events}
+
+
 def legacy_during_capture(req: dict) -> dict:
     """A legacy-stream copy while a blocking stream captures: the driver's own error (906)."""
     n = req["size"]
@@ -397,7 +417,7 @@ def fork(req: dict) -> dict:
 def main() -> None:
     handlers = {"roundtrip": roundtrip, "ordering": ordering, "concurrent": concurrent, "call": call,
                 "fork": fork, "multi_device": multi_device, "legacy_during_capture": legacy_during_capture,
-                "overlap": overlap,
+                "overlap": overlap, "timed_copies": timed_copies,
                 "stats": lambda _r: stats()}
     for line in sys.stdin:
         req = json.loads(line)

@@ -1,0 +1,89 @@
+#include "rate_guard.hpp"
+
+#include <atomic>
+#include <cmath>
+
+#include "log.hpp"
+
+namespace cmt {
+namespace {
+
+constexpr int kClasses = 48;                          // power-of-two size classes
+constexpr uint64_t kRemeasureNs = 200'000'000;        // the driver's rate is measured at most this often
+constexpr uint32_t kProbeEvery = 8;                   // while backed off, one copy in this many is staged
+constexpr double kMargin = 1.1;                       // a probe must beat the driver by this much
+constexpr double kSuspect = 0.5;                      // below this share of the best rate: measure the driver
+constexpr double kWeight = 0.25;                      // of a new sample in the moving rate
+
+// Races between threads only blur the figures, never a copy: every field is a relaxed atomic.
+struct SizeClass {
+  std::atomic<double> staged{0}, best{0}, driver{0};  // bytes per ns
+  std::atomic<uint64_t> driver_at{0};                 // when the driver was last measured
+  std::atomic<bool> backed_off{false};
+  std::atomic<uint32_t> passes{0};                    // copies passed since backing off
+};
+SizeClass g_classes[kDirections][kClasses];
+std::atomic<uint64_t> g_backed_off{0}, g_staged_again{0};
+
+SizeClass& of(Direction d, size_t bytes) {
+  int c = bytes ? 63 - __builtin_clzll(bytes) : 0;
+  return g_classes[static_cast<int>(d)][c < kClasses ? c : kClasses - 1];
+}
+
+double rate(size_t bytes, uint64_t ns) { return static_cast<double>(bytes) / static_cast<double>(ns ? ns : 1); }
+
+}  // namespace
+
+Verdict guard_decide(Direction d, size_t bytes) {
+  SizeClass& c = of(d, bytes);
+  if (c.backed_off.load(std::memory_order_relaxed)) {
+    return c.passes.fetch_add(1, std::memory_order_relaxed) % kProbeEvery == kProbeEvery - 1 ? Verdict::Stage
+                                                                                              : Verdict::PassBackedOff;
+  }
+  const double staged = c.staged.load(std::memory_order_relaxed);
+  if (staged > 0 && staged < kSuspect * c.best.load(std::memory_order_relaxed) &&
+      monotonic_ns() - c.driver_at.load(std::memory_order_relaxed) > kRemeasureNs) {
+    c.driver_at.store(monotonic_ns(), std::memory_order_relaxed);  // one thread measures
+    return Verdict::PassToMeasure;
+  }
+  return Verdict::Stage;
+}
+
+void guard_staged(Direction d, size_t bytes, uint64_t ns) {
+  SizeClass& c = of(d, bytes);
+  const double r = rate(bytes, ns), driver = c.driver.load(std::memory_order_relaxed);
+  if (c.backed_off.load(std::memory_order_relaxed)) {  // a probe
+    if (r > kMargin * driver) {
+      c.backed_off.store(false, std::memory_order_relaxed);
+      c.staged.store(r, std::memory_order_relaxed);
+      g_staged_again.fetch_add(1, std::memory_order_relaxed);
+      log::write(log::Level::Debug, "%s copies of %zu+ bytes staged again: %.1f GB/s against the driver's %.1f",
+                 direction_name(d), size_t(1) << (63 - __builtin_clzll(bytes)), r, driver);
+    }
+    return;
+  }
+  const double old = c.staged.load(std::memory_order_relaxed);
+  const double now = old > 0 ? (1 - kWeight) * old + kWeight * r : r;
+  c.staged.store(now, std::memory_order_relaxed);
+  if (now > c.best.load(std::memory_order_relaxed)) c.best.store(now, std::memory_order_relaxed);
+}
+
+void guard_passed(Direction d, size_t bytes, uint64_t ns) {
+  SizeClass& c = of(d, bytes);
+  const double r = rate(bytes, ns);
+  c.driver.store(r, std::memory_order_relaxed);
+  c.driver_at.store(monotonic_ns(), std::memory_order_relaxed);
+  const double staged = c.staged.load(std::memory_order_relaxed);
+  if (!c.backed_off.load(std::memory_order_relaxed) && staged > 0 && staged < r) {
+    c.passes.store(0, std::memory_order_relaxed);
+    c.backed_off.store(true, std::memory_order_relaxed);
+    g_backed_off.fetch_add(1, std::memory_order_relaxed);
+    log::write(log::Level::Debug,
+               "%s copies of %zu+ bytes back off to the driver: staged %.1f GB/s against the driver's %.1f",
+               direction_name(d), size_t(1) << (63 - __builtin_clzll(bytes)), staged, r);
+  }
+}
+
+GuardEvents guard_events() { return {g_backed_off.load(), g_staged_again.load()}; }
+
+}  // namespace cmt

@@ -1,0 +1,56 @@
+// Never slower than CUDA: the guard watches what staged copies achieve against the driver's own
+// copy of the same size class, and passes copies to the driver while staging loses.
+//
+// On a busy host the copy threads are descheduled and staged copies slow down, sometimes below the
+// driver's single-threaded copy (measured on the H200 machine with all 16 CPUs busy: device-to-host
+// 1 MiB 1.2 GB/s staged against 3.2 through the driver). Per direction and power-of-two size class:
+//   - staged copies keep a moving rate, and the best rate seen;
+//   - once the moving rate falls below half the best, the driver's rate is measured by passing one
+//     copy through (at most every kRemeasure), so a quiet host never pays for measuring;
+//   - staging below the driver's rate backs off: copies pass through (each one measuring the driver
+//     again), and every kProbeEvery-th copy is staged to see whether staging is faster again;
+//   - a probe faster than the driver by kMargin stages again.
+// CMT_LOG=debug says when a class backs off and when it stages again; CMT_STATS counts both.
+#pragma once
+#include <time.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cmt/cuda_types.hpp"
+#include "types.hpp"
+
+namespace cmt {
+
+inline uint64_t monotonic_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
+}
+
+enum class Verdict { Stage, PassToMeasure, PassBackedOff };
+
+// What to do with a copy the plan stages.
+Verdict guard_decide(Direction d, size_t bytes);
+// How long a copy took through the engine (Stage) or the driver (both Pass verdicts), in ns.
+void guard_staged(Direction d, size_t bytes, uint64_t ns);
+void guard_passed(Direction d, size_t bytes, uint64_t ns);
+
+// Runs the driver's own copy (call_real) of a copy cmt did not stage; times it for the guard when
+// the guard passed it (outcome BackedOff).
+template <typename CallReal>
+CUresult driver_copy(Outcome o, Direction d, size_t bytes, CallReal call_real) {
+  if (o != Outcome::BackedOff) return call_real();
+  const uint64_t start = monotonic_ns();
+  CUresult r = call_real();
+  if (r == CUDA_SUCCESS) guard_passed(d, bytes, monotonic_ns() - start);
+  return r;
+}
+
+// How often classes backed off and staged again in this process.
+struct GuardEvents {
+  uint64_t backed_off = 0, staged_again = 0;
+};
+GuardEvents guard_events();
+
+}  // namespace cmt
