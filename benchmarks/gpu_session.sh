@@ -6,6 +6,8 @@
 #   core     benchmarks/core_acceptance.py, $PROCESSES (default 3) plain and cmt processes in turn
 #                                                                      (-> core-acceptance.json)
 #   copy     cmt bench copy, the full sweep                            (-> copy.json, copy.png)
+#   load     cmt bench load, every scenario over 3 process pairs (about 6.5 minutes; stopped at 8:
+#            `install load` fits one call, not beside other modes)     (-> load.json, load.png)
 #   all      install tests core copy (about 8 minutes with 3 processes)
 # e.g.  bash benchmarks/gpu_session.sh all
 #       PROCESSES=5 bash benchmarks/gpu_session.sh install core     (5 processes take about 6.5 minutes)
@@ -18,7 +20,7 @@ mkdir -p "$OUT"
   grep -m1 "model name" /proc/cpuinfo; lscpu | grep -iE "L3|numa node\("; date -u; } > "$OUT/machine.txt" 2>&1
 modes=()
 for m in "$@"; do if [ "$m" = all ]; then modes+=(install tests core copy); else modes+=("$m"); fi; done
-[ ${#modes[@]} -gt 0 ] || { sed -n '2,12p' "$0"; exit 2; }
+[ ${#modes[@]} -gt 0 ] || { sed -n '2,14p' "$0"; exit 2; }
 status=0
 for mode in "${modes[@]}"; do
   echo "== $mode $(date -u +%T)"
@@ -30,7 +32,8 @@ for mode in "${modes[@]}"; do
     core) timeout 580 python3 benchmarks/core_acceptance.py --processes "${PROCESSES:-3}" \
             --out "$OUT/core-acceptance.json" 2>&1 | tail -30 ;;
     copy) timeout 200 python3 -m cmt bench copy --out "$OUT" 2>&1 | tail -45 ;;
-    *) echo "unknown mode $mode (install, tests, core, copy, all)"; false ;;
+    load) COLUMNS=150 timeout 480 python3 -m cmt bench load --out "$OUT" 2>&1 | tail -100 ;;
+    *) echo "unknown mode $mode (install, tests, core, copy, load, all)"; false ;;
   esac || { status=1; echo "== $mode failed"; }
 done
 ls -l "$OUT"

@@ -30,8 +30,10 @@ AGGRESSIVE_PLAN = ";".join(f"{d}:{m}=threads:3,buffers:{b},chunk_bytes:{c}"
 
 class CopyServer:
     def __init__(self, fake_dir: Path, **env: str):
+        # The tests of the engine and the interposer stage what the plan says: the rate guard, which may
+        # find staging tiny copies slower than the stand-in's pageable ones, has its own tests.
         full = {**os.environ, "LD_LIBRARY_PATH": str(fake_dir), "LD_PRELOAD": str(library_path()),
-                "PYTHONPATH": str(TESTS), **env}
+                "PYTHONPATH": str(TESTS), "CMT_TEST_HOOKS": "guard=0", **env}
         self.proc = subprocess.Popen([sys.executable, str(TESTS / "preloaded" / "copy_server.py")],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env=full)
@@ -62,7 +64,7 @@ def server(fake_driver_dir):
 # Ramped blocks (128K, 256K, 512K, then 1M; device-to-host down to 128K at the end; the ramp starts at chunk/8
 # but at 64 KiB or more) of 4 KiB pieces (CMT_TEST_HOOKS) over 3 threads.
 RAMPED_PLAN = ";".join(f"{d}:1=threads:3,buffers:5,chunk_bytes:1048576,stores:{{0}}" for d in ("h2d", "d2h"))
-MANY_PIECES = "piece=4096"
+MANY_PIECES = "piece=4096,guard=0"
 
 
 @pytest.fixture(scope="module")
@@ -86,13 +88,6 @@ def eager_servers(fake_driver_dir):
 def outcome(reply: dict, direction: str) -> dict:
     return reply["stats"].get(direction, {})
 
-
-def staged_or_guarded(reply: dict, direction: str) -> int:
-    """Copies staged, or passed to the driver by the guard (rate_guard.hpp), which may find staging
-    slower than the stand-in's pageable copies while many threads share this machine's few cores."""
-    got = outcome(reply, direction)
-    assert set(got) <= {"accelerated", "backed_off"} and got.get("accelerated"), got
-    return sum(got.values())
 
 
 # ---- bytes ------------------------------------------------------------------------------------
@@ -244,7 +239,7 @@ def test_old_32bit_abi_entry_points_are_not_wrapped(server):
 def test_eight_threads_four_streams_at_once(server):
     r = server("concurrent", threads=8, streams=4, rounds=6)
     assert r["errors"] == []
-    assert staged_or_guarded(r, "h2d") == 48 and staged_or_guarded(r, "d2h") == 48
+    assert outcome(r, "h2d") == {"accelerated": 48} and outcome(r, "d2h") == {"accelerated": 48}
 
 
 def test_several_devices_and_threads_share_the_engine(fake_driver_dir):
@@ -252,7 +247,7 @@ def test_several_devices_and_threads_share_the_engine(fake_driver_dir):
     try:
         r = s("multi_device", threads=6, rounds=5)
         assert r["devices"] == 2 and r["errors"] == []
-        assert staged_or_guarded(r, "h2d") == 30 and staged_or_guarded(r, "d2h") == 30
+        assert outcome(r, "h2d") == {"accelerated": 30} and outcome(r, "d2h") == {"accelerated": 30}
     finally:
         s.close()
 
@@ -266,7 +261,7 @@ def test_forked_child_passes_everything_through(server):
     r = server("fork", size=4 * MIB)
     assert outcome(r["child"], "h2d") == {"forked_child": 1}
     assert r["parent"]["device_ok"] and r["parent"]["host_ok"]
-    assert outcome(r["parent"], "h2d") in ({"accelerated": 1}, {"backed_off": 1})
+    assert outcome(r["parent"], "h2d") == {"accelerated": 1}
 
 
 def test_cmt_disable_turns_everything_off(fake_driver_dir):
@@ -350,7 +345,7 @@ def test_copies_on_different_pipelines_run_at_once(slow_link_server, jobs):
 def test_staging_slower_than_the_driver_backs_off_and_comes_back(fake_driver_dir):
     """The stand-in's DMAs from pinned memory (cmt's) are made slower than its pageable copies (the
     driver's own): cmt passes copies through while staging loses, and stages again once it wins."""
-    s = CopyServer(fake_driver_dir, CMT_LOG="debug", CMT_STATS="1",
+    s = CopyServer(fake_driver_dir, CMT_LOG="debug", CMT_STATS="1", CMT_TEST_HOOKS="",
                    CMT_PLAN=";".join(f"{d}:1048576=threads:2,buffers:4,chunk_bytes:1048576" for d in ("h2d", "d2h")))
     copies = {"size": 4 * MIB, "count": 12}
     quiet = s("timed_copies", pinned_gbps=0, pageable_gbps=0.5, **copies)

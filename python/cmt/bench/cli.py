@@ -1,4 +1,5 @@
-"""`cmt bench`: `copy` (the default) sweeps copy sizes; `workloads` times real programs with and without cmt."""
+"""`cmt bench`: `copy` (the default) sweeps copy sizes; `workloads` times real programs with and without cmt;
+`load` measures copies on a loaded machine (busy CPUs, both directions, many processes and threads)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from .. import cuda, native, plotting
 from ..errors import CmtError
 from ..options import config_option
 from . import DIRECTIONS, MODES, workloads
+from . import load as load_bench
 from .sizes import format_size, parse_names, parse_sizes
 
 if TYPE_CHECKING:
@@ -38,7 +40,8 @@ class _CopyByDefault(click.Group):
 
 @click.group(cls=_CopyByDefault, context_settings={"help_option_names": ["-h", "--help"]})
 def bench():
-    """Measure copy bandwidth (`copy`, the default) and real workloads (`workloads`) with and without cmt."""
+    """Measure copy bandwidth (`copy`, the default), real workloads (`workloads`) and copies on a loaded
+    machine (`load`) with and without cmt."""
 
 
 def _out_option(kind: str):
@@ -47,7 +50,8 @@ def _out_option(kind: str):
 
 
 _QUICK_HELP = {"copy": "A one-minute smoke run: fewer sizes and repeats.",
-               "workloads": "A one-minute smoke run: smaller data, and without --only a few workloads."}
+               "workloads": "A one-minute smoke run: smaller data, and without --only a few workloads.",
+               "load": "A smoke run: small copies, few repeats, one round, busy levels 0 and 8."}
 
 
 def _common_options(kind: str):
@@ -94,7 +98,8 @@ def _progress(console: Console) -> Progress:
                     console=console, transient=True)
 
 
-def _finish(doc: dict[str, Any], out: Path, kind: str, as_json: bool, no_plot: bool, tables: list) -> list[Path]:
+def _finish(doc: dict[str, Any], out: Path, kind: str, as_json: bool, no_plot: bool, tables: list,
+            plot=None) -> list[Path]:
     from rich.console import Console
 
     from . import report
@@ -102,7 +107,7 @@ def _finish(doc: dict[str, Any], out: Path, kind: str, as_json: bool, no_plot: b
     report.make_out_dir(out)
     written = [report.write_json(doc, out / f"{kind}.json")]
     if not no_plot:
-        plot = report.plot_copy if kind == "copy" else report.plot_workloads
+        plot = plot or (report.plot_copy if kind == "copy" else report.plot_workloads)
         try:
             written.append(plot(doc, out / f"{kind}.png"))
         except plotting.Unavailable as e:  # the JSON is written all the same
@@ -222,3 +227,91 @@ def workloads_cmd(list_only, only, timeout_s, out_dir, as_json, no_plot, quick, 
         raise CmtError(f"{len(failed)} workload{'s' if len(failed) > 1 else ''} failed: {', '.join(failed)} "
                        f"(see {out / 'workloads.json'})", exit_code=1)
 
+
+def _given(value: str | None, default: str) -> str:
+    """An option's text, or its default when it was not given (an empty text is an error later)."""
+    return default if value is None else value
+
+
+def _gpu_list(text: str, count: int) -> list[int]:
+    if text.strip() == "all":
+        return list(range(count))
+    gpus = load_bench.parse_counts(text, "GPU", 0)
+    missing = [g for g in gpus if g >= count]
+    if missing:
+        raise CmtError(f"GPU {missing[0]} does not exist: {count} GPU{'s' if count != 1 else ''} found "
+                       f"(numbered from 0)")
+    return gpus
+
+
+@bench.command("load")
+@click.option("--scenarios", default=",".join(load_bench.SCENARIOS), show_default=True, metavar="LIST",
+              help="Any of busy (the copy sweep while other processes burn CPUs), duplex (both directions at "
+                   "once), processes (several processes copying at once), threads (several threads of one process).")
+@click.option("--processes", "rounds", type=click.IntRange(min=1, max=100), metavar="N",
+              help=f"Plain and cmt processes taken in turn for every measurement [default: "
+                   f"{load_bench.DEFAULT_ROUNDS}; with --quick 1].")
+@click.option("--busy", metavar="LIST", help=f"CPU-burning processes during the busy sweep [default: "
+              f"{load_bench.DEFAULT_BUSY}; with --quick {load_bench.QUICK_BUSY}].")
+@click.option("--sizes", metavar="LIST", help=f"Copy sizes of the busy sweep [default: {load_bench.DEFAULT_SIZES}; "
+              f"with --quick {load_bench.QUICK_SIZES}].")
+@click.option("--counts", metavar="LIST", help=f"Process counts of `processes` [default: {load_bench.DEFAULT_COUNTS}; "
+              f"with --quick {load_bench.QUICK_COUNTS}].")
+@click.option("--threads", default=load_bench.DEFAULT_THREADS, show_default=True, type=click.IntRange(1, 256),
+              help="Threads of `threads`.")
+@click.option("--copy-size", metavar="SIZE", help=f"Each copy of `duplex` and `processes` [default: "
+              f"{load_bench.DEFAULT_COPY_SIZE}; with --quick {load_bench.QUICK_COPY_SIZE}].")
+@click.option("--thread-size", metavar="SIZE", help=f"Each thread's copy in `threads` [default: "
+              f"{load_bench.DEFAULT_THREAD_SIZE}; with --quick {load_bench.QUICK_THREAD_SIZE}].")
+@click.option("--gpus", default="all", show_default=True, metavar="LIST",
+              help="GPUs of the round-robin series of `processes` and `threads`, run where two or more are given.")
+@click.option("--repeats", type=click.IntRange(min=1), help="Timed repeats in every process [default: 5 for the "
+              "concurrent scenarios, 5-20 by size for the sweep; with --quick 2].")
+@_common_options("load")
+def load_cmd(scenarios, rounds, busy, sizes, counts, threads, copy_size, thread_size, gpus, repeats, out_dir,
+             as_json, no_plot, quick, config_path, device):
+    """Copies on a loaded machine, plain against cmt: busy CPUs, both directions, processes, threads."""
+    from rich.console import Console
+
+    from .. import machine as hw
+    from . import report
+    from .sizes import parse_size
+
+    lb = load_bench
+    sweep = dict(lb.QUICK_SWEEP if quick else lb.FULL_SWEEP, fixed=repeats)
+    groups = lb.QUICK_GROUPS if quick else lb.FULL_GROUPS
+    plan = lb.LoadPlan(
+        scenarios=parse_names(scenarios, lb.SCENARIOS, "scenario"),
+        rounds=rounds or (1 if quick else lb.DEFAULT_ROUNDS),
+        busy=lb.parse_counts(_given(busy, lb.QUICK_BUSY if quick else lb.DEFAULT_BUSY), "busy", 0),
+        sizes=parse_sizes(_given(sizes, lb.QUICK_SIZES if quick else lb.DEFAULT_SIZES)),
+        copy_bytes=parse_size(_given(copy_size, lb.QUICK_COPY_SIZE if quick else lb.DEFAULT_COPY_SIZE)),
+        counts=lb.parse_counts(_given(counts, lb.QUICK_COUNTS if quick else lb.DEFAULT_COUNTS), "process count", 1),
+        threads=threads,
+        thread_bytes=parse_size(_given(thread_size, lb.QUICK_THREAD_SIZE if quick else lb.DEFAULT_THREAD_SIZE)),
+        device=device, sweep=sweep, groups=lb.Repeats(groups.warmup, repeats or groups.timed), quick=quick,
+        config_path=config_path)
+    cuda.require_real_driver("cmt bench load")
+    selection = cfg.select(config_path)
+    out = _out_path(out_dir)
+    drv, dev = _open_gpu(device)
+    engine = _engine_info(selection)
+    machine = hw.fingerprint(drv, dev)
+    plan.gpus = _gpu_list(gpus, drv.device_count())
+    drv.close_device(dev)  # the probes need the GPU, not this process
+    status = Console(stderr=True)
+    status.print(f"[bold]{report.machine_text(machine)}[/]; cmt plan: {engine['plan'] or '(none)'}")
+    with _progress(status) as progress:
+        bar = progress.add_task("load", total=plan.steps())
+        done = [0]
+
+        def step(text: str) -> None:
+            progress.update(bar, completed=done[0], description=text)
+            done[0] += 1
+
+        rows, failures = lb.run(plan, native.plan_stages, step)
+    doc = lb.document(rows, failures, machine, engine, plan)
+    _finish(doc, out, "load", as_json, no_plot, lb.tables(doc), lb.plot)
+    if failures:
+        raise CmtError(f"{len(failures)} measurement{'s' if len(failures) > 1 else ''} failed, the first: "
+                       f"{failures[0]} (see {out / 'load.json'})", exit_code=1)
