@@ -104,16 +104,17 @@ Outcome decide_and_copy(const CopyCall& call, CUresult* result, HostKind* kind) 
   if (d.cuEventSynchronize(entry) != CUDA_SUCCESS) return Outcome::StreamContext;
 
   // Never slower than the driver: while staging loses on this host, the driver copies (rate_guard.hpp).
-  // Both are timed from here, the stream's earlier work done. The C API's explicit settings
+  // Both are timed with the stream's earlier work done (the engine's copy from when it has its
+  // pipeline, not while it waits for another thread's copy). The C API's explicit settings
   // (benchmarks, the tuner) are measured as they are.
   const bool guarded = call.forced == nullptr && env().test_guard;
   if (guarded && guard_decide(call.dir, call.bytes) != Verdict::Stage) return Outcome::BackedOff;
-  const uint64_t start = guarded ? monotonic_ns() : 0;
 
   CopyRequest req{call.dir, ctx, call.host, call.device, call.bytes, stream, settings};
-  CUresult r = engine_copy(req);
+  uint64_t ran_ns = 0;
+  CUresult r = engine_copy(req, &ran_ns);
   if (r == CUDA_ERROR_NOT_READY) return Outcome::Resources;
-  if (guarded && r == CUDA_SUCCESS) guard_staged(call.dir, call.bytes, monotonic_ns() - start);
+  if (guarded && r == CUDA_SUCCESS) guard_staged(call.dir, call.bytes, ran_ns);
   *result = r;
   return Outcome::Accelerated;
 }

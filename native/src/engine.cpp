@@ -11,6 +11,7 @@
 #include "lane_pool.hpp"
 #include "plan.hpp"
 #include "prefault.hpp"
+#include "rate_guard.hpp"
 #include "staging_ring.hpp"
 #include "timeline.hpp"
 
@@ -33,39 +34,31 @@ int fresh_memory_threads() {
   return n;
 }
 
-// A pipeline carries one copy at a time for one context and direction: its own staging ring, DMA
-// stream and events, and its place in the lane pool. Copies in different directions or contexts
-// (GPUs) run at once on different pipelines, and so do copies from several threads in one
-// direction, each on a pipeline of its own, up to kPipelinesPerKey; the copy engines interleave
-// their DMAs. All pipelines share one pool of lanes.
-constexpr int kPipelinesPerKey = 4;
-
+// A pipeline carries one copy at a time for one context (GPU): its own staging ring, DMA stream and
+// events, and its place in the lane pool. Copies to different GPUs run at once, each on its own
+// pipeline; all pipelines share one pool of lanes. Copies to one GPU, both directions, take turns:
+// on the H200 host, a pipeline per direction (and per thread) carried 1 GiB each way at once at
+// 45-54 GB/s together, no more than copies taking turns (53.5): staged copies in both directions
+// together are bound by the CPUs' memory bandwidth (docs/engine-findings.md, "Copies at once").
 struct Pipeline {
   CUcontext ctx = nullptr;
-  Direction dir = Direction::HtoD;
   std::mutex busy;  // held by the copy running on it
   StagingRing ring;
   DmaStreams dma;
   LanePool::Run run;
   Job job;
-  // Host-to-device: the event recorded after the last DMA of its last copy, once it has had one.
-  std::atomic<CUevent> last_done{nullptr};
 };
 
 class Engine {
  public:
-  CUresult copy(const CopyRequest& req);
+  CUresult copy(const CopyRequest& req, uint64_t* ran_ns);
   void forget() { pool_.forget(); }
   std::string dma_gpu_times();
 
  private:
   static void lane(void* job, int index);
-  // A pipeline of (ctx, dir) for this copy, locked: a free one, a new one, or the first to free up.
-  Pipeline* acquire(CUcontext ctx, Direction dir, std::unique_lock<std::mutex>* held);
-  // Makes `stream` wait for the DMAs still in flight of host-to-device copies that have returned on
-  // the context's other pipelines: a program that copies to the GPU and then back, or twice to one
-  // place, sees its copies in the order it made them, as on one stream.
-  CUresult after_returned_copies(const Pipeline* p, CUstream stream);
+  // The context's pipeline, locked (made on first use); nullptr if the pool can take no more.
+  Pipeline* acquire(CUcontext ctx, std::unique_lock<std::mutex>* held);
 
   std::mutex pipelines_mutex_;  // the list of pipelines (never shrinks: copies hold pointers)
   std::vector<Pipeline*> pipelines_;
@@ -75,53 +68,25 @@ class Engine {
   Pipeline* traced_ = nullptr;
 };
 
-Pipeline* Engine::acquire(CUcontext ctx, Direction dir, std::unique_lock<std::mutex>* held) {
-  std::vector<Pipeline*> mine;
+Pipeline* Engine::acquire(CUcontext ctx, std::unique_lock<std::mutex>* held) {
+  Pipeline* p = nullptr;
   {
     std::lock_guard<std::mutex> lock(pipelines_mutex_);
-    for (Pipeline* p : pipelines_) {
-      if (p->ctx == ctx && p->dir == dir) mine.push_back(p);
+    for (Pipeline* q : pipelines_) {
+      if (q->ctx == ctx) p = q;
     }
-  }
-  for (Pipeline* p : mine) {
-    std::unique_lock<std::mutex> lock(p->busy, std::try_to_lock);
-    if (lock.owns_lock()) {
-      *held = std::move(lock);
-      return p;
-    }
-  }
-  if (mine.size() < static_cast<size_t>(kPipelinesPerKey)) {
-    auto* p = new Pipeline();
-    p->ctx = ctx;
-    p->dir = dir;
-    if (pool_.add(&p->run)) {
-      *held = std::unique_lock<std::mutex>(p->busy);
-      std::lock_guard<std::mutex> lock(pipelines_mutex_);
+    if (!p) {
+      p = new Pipeline();
+      p->ctx = ctx;
+      if (!pool_.add(&p->run)) {
+        delete p;
+        return nullptr;
+      }
       pipelines_.push_back(p);
-      return p;
     }
-    delete p;  // the pool is full: wait for one of the pipelines there are
   }
-  if (mine.empty()) return nullptr;
-  static std::atomic<unsigned> turn{0};
-  Pipeline* p = mine[turn.fetch_add(1, std::memory_order_relaxed) % mine.size()];
   *held = std::unique_lock<std::mutex>(p->busy);
   return p;
-}
-
-CUresult Engine::after_returned_copies(const Pipeline* p, CUstream stream) {
-  std::vector<CUevent> pending;
-  {
-    std::lock_guard<std::mutex> lock(pipelines_mutex_);
-    for (const Pipeline* q : pipelines_) {
-      CUevent e = q->last_done.load(std::memory_order_acquire);
-      if (q != p && q->ctx == p->ctx && e) pending.push_back(e);
-    }
-  }
-  for (CUevent e : pending) {
-    if (CUresult r = driver().cuStreamWaitEvent(stream, e, 0); r != CUDA_SUCCESS) return r;
-  }
-  return CUDA_SUCCESS;
 }
 
 // Runs one lane of the job; a worker first makes the job's context current in its thread.
@@ -152,7 +117,7 @@ std::string Engine::dma_gpu_times() {
   return traced_ ? traced_->dma.trace_gpu_times(traced_->job.plan.blocks) : std::string();
 }
 
-CUresult Engine::copy(const CopyRequest& req) {
+CUresult Engine::copy(const CopyRequest& req, uint64_t* ran_ns) {
   const Driver& d = driver();
   if (pool_.forgotten() || !d.ok) return CUDA_ERROR_NOT_READY;
   const Settings& st = req.settings;
@@ -164,8 +129,9 @@ CUresult Engine::copy(const CopyRequest& req) {
   std::unique_lock<std::mutex> traced;
   if (timeline::enabled()) traced = std::unique_lock<std::mutex>(trace_mutex_);
   std::unique_lock<std::mutex> held;
-  Pipeline* p = acquire(req.ctx, req.dir, &held);
+  Pipeline* p = acquire(req.ctx, &held);
   if (!p) return CUDA_ERROR_NOT_READY;
+  const uint64_t start = monotonic_ns();  // the copy's own time, not its wait for the pipeline
   // The calling thread works as lane 0; keep it out of other threads' global-mode captures too.
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
   const bool exchanged = d.cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS;
@@ -185,7 +151,6 @@ CUresult Engine::copy(const CopyRequest& req) {
   ContextResources* res = p->dma.for_context(req.ctx, slots);
   // The ring is sized for the largest block any rule asks for, so that it is not replaced later.
   if (!res || !p->ring.ensure(slots, std::max(chunk, active_plan().max_chunk()))) return CUDA_ERROR_NOT_READY;
-  if (after_returned_copies(p, res->stream) != CUDA_SUCCESS) return CUDA_ERROR_NOT_READY;
   if (timeline::enabled()) {
     p->dma.trace_begin(res, j.plan.blocks);
     traced_ = p;
@@ -224,10 +189,10 @@ CUresult Engine::copy(const CopyRequest& req) {
   if (req.dir == Direction::HtoD && err == CUDA_SUCCESS) {
     // Later work on the caller's stream waits for the DMAs still in flight.
     err = d.cuEventRecord(res->done, res->stream);
-    if (err == CUDA_SUCCESS) p->last_done.store(res->done, std::memory_order_release);
     if (err == CUDA_SUCCESS) err = d.cuStreamWaitEvent(req.stream, res->done, 0);
   }
   if (timeline::enabled()) timeline::note(timeline::Step::CopyEnd);
+  if (ran_ns) *ran_ns = monotonic_ns() - start;
   return err;
 }
 
@@ -236,9 +201,9 @@ std::once_flag g_engine_once;
 
 }  // namespace
 
-CUresult engine_copy(const CopyRequest& req) {
+CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns) {
   std::call_once(g_engine_once, [] { g_engine = new Engine(); });  // never destroyed: workers live on
-  return g_engine->copy(req);
+  return g_engine->copy(req, ran_ns);
 }
 
 std::string engine_dma_gpu_times() { return g_engine ? g_engine->dma_gpu_times() : std::string(); }

@@ -6,6 +6,7 @@
 // go. docs/design.md draws the whole path.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "cmt/cuda_types.hpp"
@@ -27,7 +28,8 @@ struct CopyRequest {
 // on `stream` waits for the copy. Returns once every source byte was read (HtoD) or every
 // destination byte written (DtoH). Returns CUDA_SUCCESS, a driver error from the pipeline, or
 // CUDA_ERROR_NOT_READY (nothing was copied: resources unavailable; the caller passes through).
-CUresult engine_copy(const CopyRequest& req);
+// *ran_ns (if given): how long the copy itself took, from when it had its pipeline.
+CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns = nullptr);
 
 // With CMT_TRACE: the GPU's start and end of each DMA of the last copy, in µs from the copy's start
 // on the DMA stream, as JSON [[start, end], ...]; "" when not traced.
