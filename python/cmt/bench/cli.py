@@ -86,6 +86,17 @@ def _engine_info(selection: cfg.Selection) -> dict[str, Any]:
             "plan": native.active_plan()}
 
 
+def _measuring_setup(config_path: str | None, out_dir: str | None, device: int):
+    """What every bench starts with: the tuned file in force, the output folder (checked, not made
+    yet), the GPU opened, what cmt's engine will run with, and the machine's fingerprint."""
+    from .. import machine as hw
+
+    selection = cfg.select(config_path)
+    out = _out_path(out_dir)
+    drv, dev = _open_gpu(device)
+    return selection, out, drv, dev, _engine_info(selection), hw.fingerprint(drv, dev)
+
+
 def _open_gpu(device: int) -> tuple[cuda.Driver, cuda.Device]:
     drv = cuda.load()
     return drv, drv.open_device(device)
@@ -147,11 +158,7 @@ def copy_cmd(sizes, directions, modes, repeats, warmup, out_dir, as_json, no_plo
     reps = copy_sweep.QUICK if quick else copy_sweep.FULL
     reps = copy_sweep.Repetitions(warmup if warmup is not None else reps.warmup, reps.least, reps.most,
                                   reps.target_bytes, repeats)
-    selection = cfg.select(config_path)
-    out = _out_path(out_dir)
-    drv, dev = _open_gpu(device)
-    engine = _engine_info(selection)
-    machine = hw.fingerprint(drv, dev)
+    selection, out, drv, dev, engine, machine = _measuring_setup(config_path, out_dir, device)
     tasks = plan.tasks()
     status = Console(stderr=True)
     status.print(f"[bold]{report.machine_text(machine)}[/]; cmt plan: {engine['plan'] or '(none)'}")
@@ -195,15 +202,10 @@ def workloads_cmd(list_only, only, timeout_s, out_dir, as_json, no_plot, quick, 
         return
     from rich.console import Console
 
-    from .. import machine as hw
     from . import report, workload_runner
 
     cuda.require_real_driver("cmt bench workloads")
-    selection = cfg.select(config_path)
-    out = _out_path(out_dir)
-    drv, dev = _open_gpu(device)
-    engine = _engine_info(selection)
-    machine = hw.fingerprint(drv, dev)
+    selection, out, drv, dev, engine, machine = _measuring_setup(config_path, out_dir, device)
     drv.close_device(dev)  # the workloads need the GPU, not this process
     opts = workload_runner.SuiteOptions(quick, str(selection.path) if selection.path else None, timeout_s,
                                         _visible_device_env(device))
@@ -273,7 +275,6 @@ def load_cmd(scenarios, rounds, busy, sizes, counts, threads, copy_size, thread_
     """Copies on a loaded machine, plain against cmt: busy CPUs, both directions, processes, threads."""
     from rich.console import Console
 
-    from .. import machine as hw
     from . import report
     from .sizes import parse_size
 
@@ -292,11 +293,7 @@ def load_cmd(scenarios, rounds, busy, sizes, counts, threads, copy_size, thread_
         device=device, sweep=sweep, groups=lb.Repeats(groups.warmup, repeats or groups.timed), quick=quick,
         config_path=config_path)
     cuda.require_real_driver("cmt bench load")
-    selection = cfg.select(config_path)
-    out = _out_path(out_dir)
-    drv, dev = _open_gpu(device)
-    engine = _engine_info(selection)
-    machine = hw.fingerprint(drv, dev)
+    selection, out, drv, dev, engine, machine = _measuring_setup(config_path, out_dir, device)
     plan.gpus = _gpu_list(gpus, drv.device_count())
     drv.close_device(dev)  # the probes need the GPU, not this process
     status = Console(stderr=True)

@@ -211,26 +211,12 @@ class Children:
         self.end_all()
 
 
-class _LineReader:
-    """A child's stdout, a line at a time, with a time limit (select on the raw pipe)."""
+class _LineReader(load_probe.LineReader):
+    """A child's stdout, a line at a time, with a time limit; knows its child."""
 
     def __init__(self, proc: subprocess.Popen):
-        self.proc, self.fd, self.buf, self.closed = proc, proc.stdout.fileno(), b"", False
-
-    def read(self, timeout: float) -> str | None:
-        """The next line; None when the child closed its output (`closed`) or said nothing in time."""
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self.buf:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
-                return None
-            chunk = os.read(self.fd, 65536)
-            if not chunk:
-                self.closed = True
-                return None
-            self.buf += chunk
-        line, _, self.buf = self.buf.partition(b"\n")
-        return line.decode(errors="replace")
+        super().__init__(proc.stdout.fileno())
+        self.proc = proc
 
 
 @contextlib.contextmanager

@@ -328,25 +328,28 @@ def run_groups(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- driven: one process among several, started by the parent ---------------------------------------
-class _Lines:
-    """stdin, a line at a time, with a time limit (a parent that vanished must not leave us waiting)."""
+class LineReader:
+    """A file descriptor, a line at a time, with a time limit (select on the raw descriptor): the
+    parent reads its children's stdout with it, and a child its parent's commands (a parent that
+    vanished must not leave it waiting)."""
 
-    def __init__(self) -> None:
-        self.fd = sys.stdin.fileno()
-        self.buf = b""
+    def __init__(self, fd: int) -> None:
+        self.fd, self.buf, self.closed = fd, b"", False
 
     def read(self, timeout: float) -> str | None:
+        """The next line; None when the other end closed (`closed`) or said nothing in time."""
         deadline = time.monotonic() + timeout
         while b"\n" not in self.buf:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([self.fd], [], [], left)[0]:
                 return None
-            chunk = os.read(self.fd, 4096)
+            chunk = os.read(self.fd, 65536)
             if not chunk:
+                self.closed = True
                 return None
             self.buf += chunk
         line, _, self.buf = self.buf.partition(b"\n")
-        return line.decode()
+        return line.decode(errors="replace")
 
 
 def run_driven(spec: dict[str, Any]) -> dict[str, Any]:
@@ -357,7 +360,7 @@ def run_driven(spec: dict[str, Any]) -> dict[str, Any]:
     counts = Outcomes()
     outcomes: dict[str, Any] = {}
     verified: list[str] = []
-    lines = _Lines()
+    lines = LineReader(sys.stdin.fileno())
     try:
         print("ready", flush=True)
         while True:
