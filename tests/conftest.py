@@ -18,6 +18,10 @@ REPO = TESTS_DIR.parent
 NATIVE_INCLUDE = REPO / "native" / "include"
 
 sys.path.insert(0, str(TESTS_DIR))
+# The node's budget of copy threads is the usable CPUs, two on CI: the tests ask the engine for more
+# lanes than that and count them, so every process they start shares a budget large enough. The
+# tests of the budget itself set their own.
+os.environ.setdefault("CMT_NODE_THREADS", "64")
 from fake_cuda.build import build_fake_driver  # noqa: E402
 
 

@@ -361,3 +361,26 @@ def test_staging_slower_than_the_driver_backs_off_and_comes_back(fake_driver_dir
     assert all(again["stats"][d]["accelerated"] >= 10 for d in ("h2d", "d2h")), again
     assert err.count("bytes back off to the driver") == 2 and err.count("bytes staged again") == 2, err
     assert "backed off to the driver 2 times, staged again 2 times" in err, err
+
+
+# ---- the node's budget of copy threads ------------------------------------------------------------
+
+def test_processes_share_the_nodes_budget_and_a_killed_ones_lanes_come_back(fake_driver_dir):
+    """Two processes with a budget of 4 worker lanes (CMT_NODE_THREADS): while the first holds 3 in a
+    long copy, the second's copy gets the 1 left; when the first is killed mid-copy, its lanes return."""
+    env = {"CMT_NODE_THREADS": "4", "FAKE_CUDA_COPY_GBPS": "0.02",
+           "CMT_PLAN": ";".join(f"{d}:1=threads:4,buffers:2,chunk_bytes:1048576" for d in ("h2d", "d2h"))}
+    a, b = CopyServer(fake_driver_dir, **env), CopyServer(fake_driver_dir, **env)
+    try:
+        before = b("node_lanes")["in_use"]
+        assert b("node_lanes")["budget"] == 4
+        a("hold", size=16 * MIB)
+        assert b("node_lanes")["in_use"] == before + 3
+        b("hold", size=16 * MIB)
+        assert b("node_lanes")["in_use"] == 4  # never more than the budget
+        a.proc.kill()
+        a.proc.wait(timeout=30)
+        assert b("node_lanes")["in_use"] == 1  # the killed process's 3 came back; b still holds 1
+    finally:
+        a.proc.kill()
+        b.proc.kill()

@@ -7,6 +7,7 @@
 #include "driver.hpp"
 #include "engine.hpp"
 #include "log.hpp"
+#include "node_budget.hpp"
 #include "plan.hpp"
 #include "rate_guard.hpp"
 #include "settings.hpp"
@@ -88,6 +89,11 @@ API_EXPORT CUresult cmt_memcpy(int dir, void* host, CUdeviceptr device, size_t b
 // The tuning settings' names, limits and choices as JSON (settings.hpp): Python validates tuned
 // files against them and lays out the Settings struct for cmt_memcpy from them.
 API_EXPORT int cmt_settings_schema(char* buf, size_t len) { return copy_string(settings_schema_json(), buf, len); }
+
+// The node's budget of copy threads and the worker lanes all live processes of this user hold now
+// (node_budget.hpp).
+API_EXPORT int cmt_node_budget() { return node_budget(); }
+API_EXPORT int cmt_node_lanes_in_use() { return node_lanes_in_use(); }
 
 // The blocks the engine cuts a copy into (transfer_plan.hpp): writes up to max_blocks block sizes
 // into out and returns how many blocks there are. For `cmt tune`'s model.

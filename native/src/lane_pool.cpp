@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "env.hpp"
-#include "prefault.hpp"
+#include "node_budget.hpp"
 #include "spin.hpp"
 
 namespace cmt {
@@ -27,9 +27,6 @@ constexpr uint64_t kInside = (uint64_t(1) << 15) - 1;
 
 }  // namespace
 
-// The budget: the CPUs this process may use, and at least what one copy may ask for alone.
-LanePool::LanePool() : budget_(static_cast<int>(std::max<long>(usable_cpus(), 16))) {}
-
 bool LanePool::add(Run* run) {
   std::lock_guard<std::mutex> lock(start_mutex_);
   int n = run_count_.load(std::memory_order_relaxed);
@@ -40,16 +37,13 @@ bool LanePool::add(Run* run) {
 }
 
 void LanePool::run(Run& r, int lanes, Work work, void* arg, Clock::duration spin_tail) {
-  // What the other runs in progress leave of the budget; a run always has its caller.
-  int in_use = lanes_in_use_.load(std::memory_order_relaxed), granted;
-  do {
-    granted = std::clamp(budget_ - in_use, 1, lanes);
-  } while (!lanes_in_use_.compare_exchange_weak(in_use, in_use + granted, std::memory_order_relaxed));
+  // Workers as the node's budget allows (node_budget.hpp); a run always has its caller.
+  const int taken = take_lanes(lanes - 1), granted = taken + 1;
+  const int busy = workers_busy_.fetch_add(taken, std::memory_order_relaxed) + taken;
   if (granted > 1) {
-    int started = workers_.load(std::memory_order_relaxed);
-    if (started < std::min(granted - 1 + in_use, budget_)) {
+    if (workers_.load(std::memory_order_relaxed) < busy) {
       std::lock_guard<std::mutex> lock(start_mutex_);
-      while (workers_.load(std::memory_order_relaxed) < std::min(granted - 1 + in_use, budget_)) {
+      while (workers_.load(std::memory_order_relaxed) < busy) {
         start_worker(workers_.fetch_add(1, std::memory_order_relaxed) + 1);
       }
     }
@@ -72,7 +66,8 @@ void LanePool::run(Run& r, int lanes, Work work, void* arg, Clock::duration spin
     r.returned_at.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
     r.returned_gen.store(r.door.load(std::memory_order_relaxed) >> 32, std::memory_order_release);
   }
-  lanes_in_use_.fetch_sub(granted, std::memory_order_relaxed);
+  workers_busy_.fetch_sub(taken, std::memory_order_relaxed);
+  give_lanes(taken);
 }
 
 void LanePool::start_worker(int index) {

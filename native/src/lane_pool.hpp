@@ -64,15 +64,11 @@ class LanePool {
   std::atomic<int> workers_{0};     // worker threads started
   std::atomic<int> run_count_{0};
   Run* runs_[kMaxRuns] = {};
-  std::atomic<int> lanes_in_use_{0};  // lanes granted to runs in progress (their callers included)
-  const int budget_;                  // lanes all runs together may use
+  std::atomic<int> workers_busy_{0};  // worker lanes granted to runs in progress in this process
   std::atomic<uint64_t> ticket_{0};   // counts run starts: a new one wakes the workers
   std::mutex wake_mutex_;
   std::condition_variable wake_cv_;
   std::atomic<bool> forked_{false};
-
- public:
-  LanePool();
 };
 
 }  // namespace cmt

@@ -338,6 +338,32 @@ def timed_copies(req: dict) -> dict:
     return {"ok_bytes": ok, "stats": stats_delta(before, after), "events": events}
 
 
+_held: list[threading.Thread] = []
+
+
+def hold(req: dict) -> dict:
+    """Starts a host-to-device copy of `size` bytes in a thread of its own and returns at once: its
+    lanes are held while it runs (on a slow stand-in link)."""
+    n = req["size"]
+    src = ctypes.create_string_buffer(n)
+    dev = drv.mem_alloc(n)
+
+    def work() -> None:
+        drv.ctx_set_current(ctx)
+        drv.memcpy("cuMemcpyHtoD_v2", dev, src, n)
+
+    t = threading.Thread(target=work)
+    t.start()
+    _held.append(t)
+    time.sleep(req.get("settle_s", 0.3))
+    return {}
+
+
+def node_lanes(_req: dict) -> dict:
+    """The node's budget of copy threads and the worker lanes all this user's processes hold now."""
+    return {"budget": _cmt.cmt_node_budget(), "in_use": _cmt.cmt_node_lanes_in_use()}
+
+
 def legacy_during_capture(req: dict) -> dict:
     """A legacy-stream copy while a blocking stream captures: the driver's own error (906)."""
     n = req["size"]
@@ -417,7 +443,7 @@ def fork(req: dict) -> dict:
 def main() -> None:
     handlers = {"roundtrip": roundtrip, "ordering": ordering, "concurrent": concurrent, "call": call,
                 "fork": fork, "multi_device": multi_device, "legacy_during_capture": legacy_during_capture,
-                "overlap": overlap, "timed_copies": timed_copies,
+                "overlap": overlap, "timed_copies": timed_copies, "hold": hold, "node_lanes": node_lanes,
                 "stats": lambda _r: stats()}
     for line in sys.stdin:
         req = json.loads(line)
