@@ -10,7 +10,9 @@ namespace {
 
 constexpr int kClasses = 48;                          // power-of-two size classes
 constexpr uint64_t kRemeasureNs = 200'000'000;        // the driver's rate is measured at most this often
-constexpr uint32_t kProbeEvery = 8;                   // while backed off, one copy in this many is staged
+constexpr uint32_t kProbeFirst = 8;                   // while backed off, one copy in this many is staged,
+constexpr uint32_t kProbeMost = 256;                  // twice as few after each probe that lost,
+constexpr uint64_t kProbeAfterNs = 250'000'000;       // but at least one this often (large copies)
 constexpr double kMargin = 1.1;                       // a probe must beat the driver by this much
 constexpr double kSuspect = 0.5;                      // below this share of the best rate: measure the driver
 constexpr double kWeight = 0.25;                      // of a new sample in the moving rate
@@ -20,7 +22,9 @@ struct SizeClass {
   std::atomic<double> staged{0}, best{0}, driver{0};  // bytes per ns
   std::atomic<uint64_t> driver_at{0};                 // when the driver was last measured
   std::atomic<bool> backed_off{false};
-  std::atomic<uint32_t> passes{0};                    // copies passed since backing off
+  std::atomic<uint32_t> passes{0};                    // copies passed since backing off or the last probe
+  std::atomic<uint32_t> probe_every{kProbeFirst};
+  std::atomic<uint64_t> probe_at{0};                  // when the last probe was staged
 };
 SizeClass g_classes[kDirections][kClasses];
 std::atomic<uint64_t> g_backed_off{0}, g_staged_again{0};
@@ -37,8 +41,15 @@ double rate(size_t bytes, uint64_t ns) { return static_cast<double>(bytes) / sta
 Verdict guard_decide(Direction d, size_t bytes) {
   SizeClass& c = of(d, bytes);
   if (c.backed_off.load(std::memory_order_relaxed)) {
-    return c.passes.fetch_add(1, std::memory_order_relaxed) % kProbeEvery == kProbeEvery - 1 ? Verdict::Stage
-                                                                                              : Verdict::PassBackedOff;
+    const uint32_t every = c.probe_every.load(std::memory_order_relaxed);
+    const uint64_t now = monotonic_ns();
+    if (c.passes.fetch_add(1, std::memory_order_relaxed) + 1 >= every ||
+        now - c.probe_at.load(std::memory_order_relaxed) >= kProbeAfterNs) {
+      c.passes.store(0, std::memory_order_relaxed);
+      c.probe_at.store(now, std::memory_order_relaxed);
+      return Verdict::Stage;
+    }
+    return Verdict::PassBackedOff;
   }
   const double staged = c.staged.load(std::memory_order_relaxed);
   if (staged > 0 && staged < kSuspect * c.best.load(std::memory_order_relaxed) &&
@@ -53,7 +64,10 @@ void guard_staged(Direction d, size_t bytes, uint64_t ns) {
   SizeClass& c = of(d, bytes);
   const double r = rate(bytes, ns), driver = c.driver.load(std::memory_order_relaxed);
   if (c.backed_off.load(std::memory_order_relaxed)) {  // a probe
-    if (r > kMargin * driver) {
+    if (r <= kMargin * driver) {  // lost: on a host that stays busy, probes cost less and less
+      const uint32_t every = c.probe_every.load(std::memory_order_relaxed);
+      c.probe_every.store(every < kProbeMost ? 2 * every : kProbeMost, std::memory_order_relaxed);
+    } else {
       c.backed_off.store(false, std::memory_order_relaxed);
       c.staged.store(r, std::memory_order_relaxed);
       g_staged_again.fetch_add(1, std::memory_order_relaxed);
@@ -76,6 +90,8 @@ void guard_passed(Direction d, size_t bytes, uint64_t ns) {
   const double staged = c.staged.load(std::memory_order_relaxed);
   if (!c.backed_off.load(std::memory_order_relaxed) && staged > 0 && staged < r) {
     c.passes.store(0, std::memory_order_relaxed);
+    c.probe_at.store(monotonic_ns(), std::memory_order_relaxed);
+    c.probe_every.store(kProbeFirst, std::memory_order_relaxed);
     c.backed_off.store(true, std::memory_order_relaxed);
     g_backed_off.fetch_add(1, std::memory_order_relaxed);
     log::write(log::Level::Debug,

@@ -8,7 +8,9 @@
 //   - once the moving rate falls below half the best, the driver's rate is measured by passing one
 //     copy through (at most every kRemeasure), so a quiet host never pays for measuring;
 //   - staging below the driver's rate backs off: copies pass through (each one measuring the driver
-//     again), and every kProbeEvery-th copy is staged to see whether staging is faster again;
+//     again), and one copy in 8 is staged to see whether staging is faster again (one in 16, 32, ...
+//     256 after each probe that lost: on a host that stays busy the probes cost less and less; and
+//     one at least every 250 ms, so that large copies find out soon when the host is quiet again);
 //   - a probe faster than the driver by kMargin stages again.
 // CMT_LOG=debug says when a class backs off and when it stages again; CMT_STATS counts both.
 #pragma once
