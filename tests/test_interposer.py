@@ -350,7 +350,7 @@ def test_staging_slower_than_the_driver_backs_off_and_comes_back(fake_driver_dir
     copies = {"size": 4 * MIB, "count": 12}
     quiet = s("timed_copies", pinned_gbps=0, pageable_gbps=0.5, **copies)
     busy = s("timed_copies", pinned_gbps=0.05, pageable_gbps=2, **{**copies, "count": 24})
-    again = s("timed_copies", pinned_gbps=0, pageable_gbps=0.5, **{**copies, "count": 20})
+    again = s("timed_copies", pinned_gbps=0, pageable_gbps=0.5, **{**copies, "count": 40})
     err = s.close()
     assert quiet["ok_bytes"] and busy["ok_bytes"] and again["ok_bytes"]
     assert quiet["stats"] == {"h2d": {"accelerated": 12}, "d2h": {"accelerated": 12}}
