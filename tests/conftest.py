@@ -22,6 +22,10 @@ sys.path.insert(0, str(TESTS_DIR))
 # lanes than that and count them, so every process they start shares a budget large enough. The
 # tests of the budget itself set their own.
 os.environ.setdefault("CMT_NODE_THREADS", "64")
+# A context's first copies pass through while its pipeline is set up in the background; most tests
+# copy once and check that it was staged, so their copies wait for the setup (tests of the setup
+# itself clear this).
+os.environ.setdefault("CMT_TEST_HOOKS", "wait_setup=1")
 from fake_cuda.build import build_fake_driver  # noqa: E402
 
 

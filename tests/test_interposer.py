@@ -7,11 +7,7 @@ test also checks what cmt did (accelerated, or passed through for the right reas
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cmt.native import library_path
+from preloaded.client import CopyServer, outcome
 
 TESTS = Path(__file__).resolve().parent
 MIB = 1 << 20
@@ -26,32 +23,6 @@ MIB = 1 << 20
 # Stage everything from 1 byte, in 4 KiB chunks over 3 threads: many chunk boundaries.
 AGGRESSIVE_PLAN = ";".join(f"{d}:{m}=threads:3,buffers:{b},chunk_bytes:{c}"
                            for d in ("h2d", "d2h") for m, b, c in ((1, 6, 4096), (1048576, 9, 65536)))
-
-
-class CopyServer:
-    def __init__(self, fake_dir: Path, **env: str):
-        # The tests of the engine and the interposer stage what the plan says: the rate guard, which may
-        # find staging tiny copies slower than the stand-in's pageable ones, has its own tests.
-        full = {**os.environ, "LD_LIBRARY_PATH": str(fake_dir), "LD_PRELOAD": str(library_path()),
-                "PYTHONPATH": str(TESTS), "CMT_TEST_HOOKS": "guard=0", **env}
-        self.proc = subprocess.Popen([sys.executable, str(TESTS / "preloaded" / "copy_server.py")],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=full)
-
-    def __call__(self, op: str, **req) -> dict:
-        self.proc.stdin.write(json.dumps({"op": op, **req}) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise AssertionError(f"copy server died: {self.proc.wait()}\n{self.proc.stderr.read()}")
-        reply = json.loads(line)
-        assert reply["ok"], reply.get("error")
-        return reply
-
-    def close(self) -> str:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
-        return self.proc.stderr.read()
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +35,7 @@ def server(fake_driver_dir):
 # Ramped blocks (128K, 256K, 512K, then 1M; device-to-host down to 128K at the end; the ramp starts at chunk/8
 # but at 64 KiB or more) of 4 KiB pieces (CMT_TEST_HOOKS) over 3 threads.
 RAMPED_PLAN = ";".join(f"{d}:1=threads:3,buffers:5,chunk_bytes:1048576,stores:{{0}}" for d in ("h2d", "d2h"))
-MANY_PIECES = "piece=4096,guard=0"
+MANY_PIECES = "piece=4096,guard=0,wait_setup=1"
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +54,6 @@ def eager_servers(fake_driver_dir):
     yield servers
     for s in servers.values():
         s.close()
-
-
-def outcome(reply: dict, direction: str) -> dict:
-    return reply["stats"].get(direction, {})
 
 
 
@@ -345,7 +312,7 @@ def test_copies_to_different_gpus_run_at_once(slow_link_server, jobs):
 def test_staging_slower_than_the_driver_backs_off_and_comes_back(fake_driver_dir):
     """The stand-in's DMAs from pinned memory (cmt's) are made slower than its pageable copies (the
     driver's own): cmt passes copies through while staging loses, and stages again once it wins."""
-    s = CopyServer(fake_driver_dir, CMT_LOG="debug", CMT_STATS="1", CMT_TEST_HOOKS="",
+    s = CopyServer(fake_driver_dir, CMT_LOG="debug", CMT_STATS="1", CMT_TEST_HOOKS="wait_setup=1",
                    CMT_PLAN=";".join(f"{d}:1048576=threads:2,buffers:4,chunk_bytes:1048576" for d in ("h2d", "d2h")))
     copies = {"size": 4 * MIB, "count": 12}
     quiet = s("timed_copies", pinned_gbps=0, pageable_gbps=0.5, **copies)

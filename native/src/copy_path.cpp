@@ -110,9 +110,14 @@ Outcome decide_and_copy(const CopyCall& call, CUresult* result, HostKind* kind) 
   const bool guarded = call.forced == nullptr && env().test_guard;
   if (guarded && guard_decide(call.dir, call.bytes) != Verdict::Stage) return Outcome::BackedOff;
 
+  // While a GPU's pipeline is being set up (its first copy starts that), the program's copies go to
+  // the driver rather than wait for it. Explicit settings are measured on a ready pipeline.
   CopyRequest req{call.dir, ctx, call.host, call.device, call.bytes, stream, settings};
   uint64_t ran_ns = 0;
-  CUresult r = engine_copy(req, &ran_ns);
+  bool warming = false;
+  const bool pass_while_warming = call.forced == nullptr && !env().test_wait_setup;
+  CUresult r = engine_copy(req, &ran_ns, pass_while_warming ? &warming : nullptr);
+  if (warming) return Outcome::Warming;
   if (r == CUDA_ERROR_NOT_READY) return Outcome::Resources;
   if (guarded && r == CUDA_SUCCESS) guard_staged(call.dir, call.bytes, ran_ns);
   *result = r;

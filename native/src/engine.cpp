@@ -2,13 +2,16 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "dma_streams.hpp"
 #include "env.hpp"
 #include "job.hpp"
 #include "lane_pool.hpp"
+#include "log.hpp"
 #include "plan.hpp"
 #include "prefault.hpp"
 #include "rate_guard.hpp"
@@ -41,7 +44,11 @@ int fresh_memory_threads() {
 // 45-54 GB/s together, no more than copies taking turns (53.5): staged copies in both directions
 // together are bound by the CPUs' memory bandwidth (docs/engine-findings.md, "Copies at once").
 struct Pipeline {
+  enum State { Preparing, Ready, Failed };
   CUcontext ctx = nullptr;
+  std::atomic<int> state{Preparing};  // set once by the setup thread (Engine::prepare)
+  std::mutex setup_mutex;
+  std::condition_variable setup_done;
   std::mutex busy;  // held by the copy running on it
   StagingRing ring;
   DmaStreams dma;
@@ -51,14 +58,17 @@ struct Pipeline {
 
 class Engine {
  public:
-  CUresult copy(const CopyRequest& req, uint64_t* ran_ns);
+  CUresult copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming);
   void forget() { pool_.forget(); }
   std::string dma_gpu_times();
 
  private:
   static void lane(void* job, int index);
-  // The context's pipeline, locked (made on first use); nullptr if the pool can take no more.
-  Pipeline* acquire(CUcontext ctx, std::unique_lock<std::mutex>* held);
+  // The context's pipeline, made on first use with its setup started in the background; nullptr if
+  // the pool can take no more.
+  Pipeline* find(CUcontext ctx);
+  // The setup thread: the ring, stream, events and workers for the largest rule in force.
+  void prepare(Pipeline* p);
 
   std::mutex pipelines_mutex_;  // the list of pipelines (never shrinks: copies hold pointers)
   std::vector<Pipeline*> pipelines_;
@@ -68,25 +78,41 @@ class Engine {
   Pipeline* traced_ = nullptr;
 };
 
-Pipeline* Engine::acquire(CUcontext ctx, std::unique_lock<std::mutex>* held) {
-  Pipeline* p = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(pipelines_mutex_);
-    for (Pipeline* q : pipelines_) {
-      if (q->ctx == ctx) p = q;
-    }
-    if (!p) {
-      p = new Pipeline();
-      p->ctx = ctx;
-      if (!pool_.add(&p->run)) {
-        delete p;
-        return nullptr;
-      }
-      pipelines_.push_back(p);
-    }
+Pipeline* Engine::find(CUcontext ctx) {
+  std::lock_guard<std::mutex> lock(pipelines_mutex_);
+  for (Pipeline* q : pipelines_) {
+    if (q->ctx == ctx) return q;
   }
-  *held = std::unique_lock<std::mutex>(p->busy);
+  auto* p = new Pipeline();
+  p->ctx = ctx;
+  if (!pool_.add(&p->run)) {
+    delete p;
+    return nullptr;
+  }
+  pipelines_.push_back(p);
+  std::thread([this, p] { prepare(p); }).detach();
   return p;
+}
+
+void Engine::prepare(Pipeline* p) {
+  const Driver& d = driver();
+  bool ok = d.cuCtxSetCurrent(p->ctx) == CUDA_SUCCESS;
+  if (ok) {
+    // Like the workers: never an unsafe call in another thread's global-mode graph capture.
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    d.cuThreadExchangeStreamCaptureMode(&mode);
+    const Settings most = active_plan().largest();
+    const int slots = static_cast<int>(std::clamp<int64_t>(most.buffers, 1, kMaxSlots));
+    const size_t chunk = std::clamp(static_cast<size_t>(most.chunk_bytes), kMinChunk, kMaxChunk);
+    ok = p->dma.for_context(p->ctx, slots) && p->ring.ensure(slots, chunk);
+    pool_.prestart(static_cast<int>(std::clamp<int64_t>(most.threads, 1, kMaxThreads)) - 1);
+  }
+  {
+    std::lock_guard<std::mutex> lock(p->setup_mutex);
+    p->state.store(ok ? Pipeline::Ready : Pipeline::Failed, std::memory_order_release);
+  }
+  p->setup_done.notify_all();
+  if (!ok) log::write(log::Level::Debug, "the staging pipeline could not be set up; copies go to the driver");
 }
 
 // Runs one lane of the job; a worker first makes the job's context current in its thread.
@@ -117,20 +143,29 @@ std::string Engine::dma_gpu_times() {
   return traced_ ? traced_->dma.trace_gpu_times(traced_->job.plan.blocks) : std::string();
 }
 
-CUresult Engine::copy(const CopyRequest& req, uint64_t* ran_ns) {
+CUresult Engine::copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming) {
   const Driver& d = driver();
   if (pool_.forgotten() || !d.ok) return CUDA_ERROR_NOT_READY;
   const Settings& st = req.settings;
   const size_t chunk = std::clamp(static_cast<size_t>(st.chunk_bytes), kMinChunk, kMaxChunk);
   int threads = static_cast<int>(std::clamp<int64_t>(st.threads, 1, kMaxThreads));
-  const bool prefault = req.dir == Direction::DtoH && prepare_fresh_destination(req.host, req.bytes);
+  const bool prefault = !req.end && req.dir == Direction::DtoH && prepare_fresh_destination(req.host, req.bytes);
   if (prefault) threads = std::max(threads, fresh_memory_threads());
 
   std::unique_lock<std::mutex> traced;
   if (timeline::enabled()) traced = std::unique_lock<std::mutex>(trace_mutex_);
-  std::unique_lock<std::mutex> held;
-  Pipeline* p = acquire(req.ctx, &held);
+  Pipeline* p = find(req.ctx);
   if (!p) return CUDA_ERROR_NOT_READY;
+  if (p->state.load(std::memory_order_acquire) == Pipeline::Preparing) {
+    if (warming) {
+      *warming = true;
+      return CUDA_ERROR_NOT_READY;
+    }
+    std::unique_lock<std::mutex> lock(p->setup_mutex);
+    p->setup_done.wait(lock, [p] { return p->state.load(std::memory_order_acquire) != Pipeline::Preparing; });
+  }
+  if (p->state.load(std::memory_order_acquire) == Pipeline::Failed) return CUDA_ERROR_NOT_READY;
+  std::unique_lock<std::mutex> held(p->busy);
   const uint64_t start = monotonic_ns();  // the copy's own time, not its wait for the pipeline
   // The calling thread works as lane 0; keep it out of other threads' global-mode captures too.
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
@@ -149,19 +184,20 @@ CUresult Engine::copy(const CopyRequest& req, uint64_t* ran_ns) {
   j.plan = cut_transfer(req.dir, req.bytes, chunk, threads, env().test_piece);
   const int slots = static_cast<int>(std::min<size_t>(std::clamp<int64_t>(st.buffers, 1, kMaxSlots), j.plan.blocks));
   ContextResources* res = p->dma.for_context(req.ctx, slots);
-  // The ring is sized for the largest block any rule asks for, so that it is not replaced later.
-  if (!res || !p->ring.ensure(slots, std::max(chunk, active_plan().max_chunk()))) return CUDA_ERROR_NOT_READY;
+  // The setup sized the ring for every rule in force; only explicit settings beyond them (the tuner's
+  // trials) or a plan replaced since can make it grow here.
+  if (!res || !p->ring.ensure(slots, chunk)) return CUDA_ERROR_NOT_READY;
   if (timeline::enabled()) {
     p->dma.trace_begin(res, j.plan.blocks);
     traced_ = p;
   }
 
   place_transfer(j.plan, p->ring.slot_bytes(), chunk, p->ring.flipped());
-  HostMemory host(req.host, req.bytes, prefault);
+  HostMemory memory(req.host, req.bytes, prefault);
   j.slots = slots;
   j.streamed = st.stores == kStoresStream;
   j.device = req.device;
-  j.host = &host;
+  j.host = req.end ? req.end : &memory;
   j.ring = &p->ring;
   j.dma = &p->dma;
   j.res = res;
@@ -201,9 +237,9 @@ std::once_flag g_engine_once;
 
 }  // namespace
 
-CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns) {
+CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming) {
   std::call_once(g_engine_once, [] { g_engine = new Engine(); });  // never destroyed: workers live on
-  return g_engine->copy(req, ran_ns);
+  return g_engine->copy(req, ran_ns, warming);
 }
 
 std::string engine_dma_gpu_times() { return g_engine ? g_engine->dma_gpu_times() : std::string(); }

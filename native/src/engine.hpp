@@ -14,14 +14,17 @@
 
 namespace cmt {
 
+class HostEnd;
+
 struct CopyRequest {
   Direction dir;
   CUcontext ctx;        // current in the calling thread
-  char* host;           // pageable host memory
+  char* host;           // pageable host memory (unused when `end` is given)
   CUdeviceptr device;   // device memory of ctx
   size_t bytes;
   CUstream stream;      // the caller's stream, already resolved (never a raw 0); its prior work is done
   Settings settings;
+  HostEnd* end = nullptr;  // another host end (a file, host_end.hpp) in place of `host`
 };
 
 // Runs the copy with CUDA's ordering: the caller has waited for prior work on `stream`; later work
@@ -29,7 +32,11 @@ struct CopyRequest {
 // destination byte written (DtoH). Returns CUDA_SUCCESS, a driver error from the pipeline, or
 // CUDA_ERROR_NOT_READY (nothing was copied: resources unavailable; the caller passes through).
 // *ran_ns (if given): how long the copy itself took, from when it had its pipeline.
-CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns = nullptr);
+// A context's first copy starts its pipeline's setup in the background (staging ring, DMA stream,
+// workers). With `warming` given, a copy that finds the setup still running returns
+// CUDA_ERROR_NOT_READY with *warming true (the caller passes it to the driver, which is no slower
+// than without cmt); without it, the copy waits for the setup.
+CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns = nullptr, bool* warming = nullptr);
 
 // With CMT_TRACE: the GPU's start and end of each DMA of the last copy, in µs from the copy's start
 // on the DMA stream, as JSON [[start, end], ...]; "" when not traced.

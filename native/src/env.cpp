@@ -91,7 +91,8 @@ void read_test_hooks(Env& e) {
     if (ok && key == "piece") e.test_piece = static_cast<size_t>(n);
     else if (ok && key == "late_start_us") e.test_late_start_us = n;
     else if (ok && key == "guard" && n <= 1) e.test_guard = n == 1;
-    else warn("CMT_TEST_HOOKS item", item.c_str(), "piece=BYTES, late_start_us=US or guard=0");
+    else if (ok && key == "wait_setup" && n <= 1) e.test_wait_setup = n == 1;
+    else warn("CMT_TEST_HOOKS item", item.c_str(), "piece=BYTES, late_start_us=US, guard=0 or wait_setup=1");
   }
 }
 

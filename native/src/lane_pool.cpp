@@ -36,17 +36,19 @@ bool LanePool::add(Run* run) {
   return true;
 }
 
+void LanePool::prestart(int workers) {
+  std::lock_guard<std::mutex> lock(start_mutex_);
+  while (workers_.load(std::memory_order_relaxed) < workers) {
+    start_worker(workers_.fetch_add(1, std::memory_order_relaxed) + 1);
+  }
+}
+
 void LanePool::run(Run& r, int lanes, Work work, void* arg, Clock::duration spin_tail) {
   // Workers as the node's budget allows (node_budget.hpp); a run always has its caller.
   const int taken = take_lanes(lanes - 1), granted = taken + 1;
   const int busy = workers_busy_.fetch_add(taken, std::memory_order_relaxed) + taken;
   if (granted > 1) {
-    if (workers_.load(std::memory_order_relaxed) < busy) {
-      std::lock_guard<std::mutex> lock(start_mutex_);
-      while (workers_.load(std::memory_order_relaxed) < busy) {
-        start_worker(workers_.fetch_add(1, std::memory_order_relaxed) + 1);
-      }
-    }
+    if (workers_.load(std::memory_order_relaxed) < busy) prestart(busy);
     r.work = work;
     r.arg = arg;
     r.spin_tail = spin_tail;

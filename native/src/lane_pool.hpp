@@ -43,6 +43,8 @@ class LanePool {
 
   // Registers a run; false when kMaxRuns are registered already.
   bool add(Run* run);
+  // Starts workers until there are `workers`, so that the first copies do not start them.
+  void prestart(int workers);
   // Runs work(arg, lane) on up to `lanes` lanes, lane 0 in the calling thread; returns once lane 0
   // has returned and every worker that entered has left. How many lanes it gets depends on what
   // other runs hold of the budget (at least the caller's own). Workers then spin for `spin_tail`

@@ -118,11 +118,16 @@ std::string Plan::to_string() const {
   return s;
 }
 
-size_t Plan::max_chunk() const {
-  size_t m = 0;
-  for (const auto& rules : rules_)
-    for (const auto& r : rules)
-      if (!r.pass) m = std::max(m, static_cast<size_t>(r.settings.chunk_bytes));
+Settings Plan::largest() const {
+  Settings m;
+  for (const auto& rules : rules_) {
+    for (const auto& r : rules) {
+      if (r.pass) continue;
+#define X_ITEM(name, lo, hi, dflt, choices, what) m.name = std::max(m.name, r.settings.name);
+      SETTINGS_TABLE(X_ITEM)
+#undef X_ITEM
+    }
+  }
   return m;
 }
 

@@ -30,8 +30,9 @@ class Plan {
   // The rule for a copy of n bytes (a pass rule when none applies).
   const Rule& lookup(Direction d, size_t n) const;
   std::string to_string() const;
-  // The largest staging buffer any rule asks for: the ring is sized for it once.
-  size_t max_chunk() const;
+  // The most of each setting any staging rule asks for: a pipeline's ring and workers are made for
+  // it once, ahead of its first copy. All zero when every rule passes copies through.
+  Settings largest() const;
 
  private:
   std::vector<Rule> rules_[kDirections];  // sorted by min_bytes

@@ -362,6 +362,11 @@ def hold(req: dict) -> dict:
     return {}
 
 
+def counts(req: dict) -> dict:
+    """How often the stand-in driver's entry points `names` were called so far."""
+    return {"counts": {name: drv.call_count(name) for name in req["names"]}}
+
+
 def node_lanes(_req: dict) -> dict:
     """The node's budget of copy threads and the worker lanes all this user's processes hold now."""
     return {"budget": _cmt.cmt_node_budget(), "in_use": _cmt.cmt_node_lanes_in_use()}
@@ -447,7 +452,7 @@ def main() -> None:
     handlers = {"roundtrip": roundtrip, "ordering": ordering, "concurrent": concurrent, "call": call,
                 "fork": fork, "multi_device": multi_device, "legacy_during_capture": legacy_during_capture,
                 "overlap": overlap, "timed_copies": timed_copies, "hold": hold, "node_lanes": node_lanes,
-                "stats": lambda _r: stats()}
+                "counts": counts, "stats": lambda _r: stats()}
     for line in sys.stdin:
         req = json.loads(line)
         try:

@@ -12,7 +12,8 @@ from .report import bucket_label, fmt_bytes
 
 # Outcomes shown as the reason a group was passed to the driver, when the recording has no text.
 _SHORT = {"accelerated": "accelerated", "below_minimum": "below minimum size", "pinned_host": "pinned",
-          "capturing": "capture", "no_context": "no context", "managed": "managed memory"}
+          "capturing": "capture", "no_context": "no context", "managed": "managed memory",
+          "warming": "setup still running", "backed_off": "backed off"}
 
 
 def _seconds(s: float) -> str:
