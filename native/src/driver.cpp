@@ -65,6 +65,7 @@ bool load_driver(bool load_if_absent) {
   ok &= load(h, d.cuEventCreate, "cuEventCreate");
   ok &= load(h, d.cuEventRecord, "cuEventRecord");
   ok &= load(h, d.cuEventSynchronize, "cuEventSynchronize");
+  ok &= load(h, d.cuEventQuery, "cuEventQuery");
   ok &= load(h, d.cuMemHostAlloc, "cuMemHostAlloc");
   ok &= load(h, d.cuMemFreeHost, "cuMemFreeHost");
   ok &= load(h, d.cuPointerGetAttributes, "cuPointerGetAttributes");

@@ -36,6 +36,7 @@ struct Driver {
   PFN_cuEventCreate cuEventCreate = nullptr;
   PFN_cuEventRecord cuEventRecord = nullptr;
   PFN_cuEventSynchronize cuEventSynchronize = nullptr;
+  PFN_cuEventQuery cuEventQuery = nullptr;
   PFN_cuMemHostAlloc cuMemHostAlloc = nullptr;
   PFN_cuMemFreeHost cuMemFreeHost = nullptr;
   PFN_cuPointerGetAttributes cuPointerGetAttributes = nullptr;

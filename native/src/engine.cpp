@@ -102,9 +102,9 @@ void Engine::prepare(Pipeline* p) {
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     d.cuThreadExchangeStreamCaptureMode(&mode);
     const Settings most = active_plan().largest();
-    const int slots = static_cast<int>(std::clamp<int64_t>(most.buffers, 1, kMaxSlots));
+    const int slots = static_cast<int>(std::clamp<int64_t>(most.buffers, 1, kMaxBuffers));
     const size_t chunk = std::clamp(static_cast<size_t>(most.chunk_bytes), kMinChunk, kMaxChunk);
-    ok = p->dma.for_context(p->ctx, slots) && p->ring.ensure(slots, chunk);
+    ok = p->dma.for_context(p->ctx, slots + kSpareSlots) && p->ring.ensure(slots + kSpareSlots, chunk);
     pool_.prestart(static_cast<int>(std::clamp<int64_t>(most.threads, 1, kMaxThreads)) - 1);
   }
   {
@@ -182,11 +182,12 @@ CUresult Engine::copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming) {
   Job& j = p->job;
   p->dma.trace_forget();  // the last copy's DMA times describe its blocks, about to be replaced
   j.plan = cut_transfer(req.dir, req.bytes, chunk, threads, env().test_piece);
-  const int slots = static_cast<int>(std::min<size_t>(std::clamp<int64_t>(st.buffers, 1, kMaxSlots), j.plan.blocks));
-  ContextResources* res = p->dma.for_context(req.ctx, slots);
+  const int slots = static_cast<int>(std::min<size_t>(std::clamp<int64_t>(st.buffers, 1, kMaxBuffers), j.plan.blocks));
+  const int buffers = slots + kSpareSlots;  // the spares stand in for slots a late lane may still touch
+  ContextResources* res = p->dma.for_context(req.ctx, buffers);
   // The setup sized the ring for every rule in force; only explicit settings beyond them (the tuner's
   // trials) or a plan replaced since can make it grow here.
-  if (!res || !p->ring.ensure(slots, chunk)) return CUDA_ERROR_NOT_READY;
+  if (!res || !p->ring.ensure(buffers, chunk)) return CUDA_ERROR_NOT_READY;
   if (timeline::enabled()) {
     p->dma.trace_begin(res, j.plan.blocks);
     traced_ = p;
@@ -195,15 +196,14 @@ CUresult Engine::copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming) {
   place_transfer(j.plan, p->ring.slot_bytes(), chunk, p->ring.flipped());
   HostMemory memory(req.host, req.bytes, prefault);
   j.slots = slots;
+  j.buffers = buffers;
   j.streamed = st.stores == kStoresStream;
   j.device = req.device;
   j.host = req.end ? req.end : &memory;
   j.ring = &p->ring;
   j.dma = &p->dma;
   j.res = res;
-  j.next.store(0, std::memory_order_relaxed);
-  j.error.store(CUDA_SUCCESS, std::memory_order_relaxed);
-  p->ring.start_copy(slots, [&](int s) { return j.plan.pieces_in(static_cast<size_t>(s)); });
+  j.start();
   Clock::duration spin_tail{};
   if (req.dir == Direction::HtoD) {
     spin_tail = std::min<Clock::duration>(

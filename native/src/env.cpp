@@ -92,7 +92,10 @@ void read_test_hooks(Env& e) {
     else if (ok && key == "late_start_us") e.test_late_start_us = n;
     else if (ok && key == "guard" && n <= 1) e.test_guard = n == 1;
     else if (ok && key == "wait_setup" && n <= 1) e.test_wait_setup = n == 1;
-    else warn("CMT_TEST_HOOKS item", item.c_str(), "piece=BYTES, late_start_us=US, guard=0 or wait_setup=1");
+    else if (ok && key == "park_piece") e.test_park_piece = static_cast<size_t>(n);
+    else if (ok && key == "park_us") e.test_park_us = n;
+    else if (ok && key == "park_before" && n <= 1) e.test_park_before = n == 1;
+    else warn("CMT_TEST_HOOKS item", item.c_str(), "piece=, late_start_us=, guard=0, wait_setup=1, park_piece=, park_us=, park_before=1");
   }
 }
 

@@ -21,11 +21,16 @@ struct Env {
   Prefault prefault = Prefault::HugePopulate;  // CMT_PREFAULT=huge|populate|none
   std::string plan;         // CMT_PLAN (internal): the tuned file's rules, from `cmt run`
   std::string profile_dir;  // CMT_PROFILE_DIR (internal): where `cmt profile` records
-  // CMT_TEST_HOOKS (internal, for the tests alone): "piece=BYTES,late_start_us=US,guard=0,wait_setup=1"
+  // CMT_TEST_HOOKS (internal, for the tests alone): "piece=BYTES,late_start_us=US,guard=0,wait_setup=1,park_..."
   size_t test_piece = 0;       // every piece of CPU work this many bytes (many pieces in small copies)
   long test_late_start_us = 0;  // every worker starts each copy this late, as a descheduled one would
   bool test_guard = true;       // guard=0: the rate guard never passes a copy through (tests of the engine)
   bool test_wait_setup = false;  // wait_setup=1: copies wait for their pipeline's setup (one copy is staged)
+  // park_piece=N,park_us=US[,park_before=1]: the lane that first claims piece N in this process
+  // sleeps US µs once it has begun the piece (or, with park_before, as soon as it claimed it).
+  size_t test_park_piece = 0;
+  long test_park_us = 0;
+  bool test_park_before = false;
 };
 
 // The parsed environment (read on first use, which the library's constructor makes its load).

@@ -20,15 +20,11 @@
 #include <cstdint>
 
 #include "cmt/cuda_types.hpp"
+#include "spin.hpp"
 #include "types.hpp"
 
 namespace cmt {
 
-inline uint64_t monotonic_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
-}
 
 enum class Verdict { Stage, PassToMeasure, PassBackedOff };
 

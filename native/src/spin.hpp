@@ -1,9 +1,18 @@
-// Waiting without sleeping, for the engine's threads: a pause instruction, and a backoff that
-// spins briefly and then yields its CPU on every round.
+// Waiting without sleeping, for the engine's threads: a pause instruction, a backoff that spins
+// briefly and then yields its CPU on every round, and the clock they wait by.
 #pragma once
 #include <sched.h>
+#include <time.h>
+
+#include <cstdint>
 
 namespace cmt {
+
+inline uint64_t monotonic_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000u + uint64_t(ts.tv_nsec);
+}
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)

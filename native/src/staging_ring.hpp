@@ -1,7 +1,8 @@
 // The staging ring: portable pinned buffers (slots) that the lanes fill or drain while the copy
 // engine DMAs others. Each pipeline of the engine has its own. Each slot remembers its last DMA's
-// event and, for the copy in flight, which of its rounds (block b uses slot b % slots in round
-// b / slots) have been queued and finished.
+// event and, for the copy in flight, how many DMAs it has carried, how many are known finished,
+// and whether a late lane may still touch it (job.hpp: such a slot is quarantined, and a spare
+// takes its place).
 #pragma once
 #include <atomic>
 #include <cstddef>
@@ -11,15 +12,21 @@
 
 namespace cmt {
 
-constexpr int kMaxSlots = kMaxBuffers;
+// Buffers beyond the copy's own: a slot that a descheduled lane may still write is set aside
+// until that lane has left, and a spare carries its blocks meanwhile.
+constexpr int kSpareSlots = 2;
+constexpr int kMaxSlots = kMaxBuffers + kSpareSlots;
 
 struct Slot {
   void* mem = nullptr;
   CUevent last_event = nullptr;        // the slot's most recent DMA (any context)
-  std::atomic<long> issued{-1};        // last round of this copy whose DMA was queued
-  std::atomic<long> known_done{-1};    // last round whose DMA is known finished
-  std::atomic<long> sync_claimed{-1};  // last round a lane has taken on to wait for in the driver
-  std::atomic<int> pending{0};         // pieces of the current round still to fill / drain
+  // For the copy in flight (its DMAs numbered 1, 2, ... per slot; 0 is the one before the copy):
+  std::atomic<long> uses{0};           // DMAs queued
+  std::atomic<long> known_done{-1};    // DMAs known finished
+  std::atomic<long> sync_claimed{-1};  // the DMA a lane has taken on to wait for in the driver
+  std::atomic<int> late{0};            // lanes whose piece was taken over and that may still touch it
+  std::atomic<long> last_block{-1};    // the block of its last DMA (for CMT_TRACE)
+  bool in_chain = false;               // carries a chain of blocks (else a spare); under Job's spare lock
 };
 
 class StagingRing {
@@ -27,14 +34,14 @@ class StagingRing {
   // At least `slots` buffers of at least `bytes` each. Buffers too small are replaced (after their
   // last DMA); false if pinned memory could not be had.
   bool ensure(int slots, size_t bytes);
-  // Readies the first `slots` slots for a new copy whose first round has `pieces_in(s)` pieces.
-  template <typename PiecesIn>
-  void start_copy(int slots, PiecesIn pieces_in) {
-    for (int s = 0; s < slots; ++s) {
-      slots_[s].issued.store(-1, std::memory_order_relaxed);
-      slots_[s].known_done.store(-2, std::memory_order_relaxed);
-      slots_[s].sync_claimed.store(-2, std::memory_order_relaxed);
-      slots_[s].pending.store(pieces_in(s), std::memory_order_relaxed);
+  // Readies `buffers` slots for a new copy; the first `chains` carry its blocks, the others are spares.
+  void start_copy(int chains, int buffers) {
+    for (int s = 0; s < buffers; ++s) {
+      slots_[s].uses.store(0, std::memory_order_relaxed);
+      slots_[s].known_done.store(-1, std::memory_order_relaxed);
+      slots_[s].sync_claimed.store(-1, std::memory_order_relaxed);
+      slots_[s].late.store(0, std::memory_order_relaxed);  // every late lane left with its copy
+      slots_[s].in_chain = s < chains;
     }
   }
   Slot& operator[](int i) { return slots_[i]; }

@@ -15,6 +15,8 @@
 namespace cmt {
 namespace {
 
+std::atomic<uint64_t> g_taken_over{0};
+
 const char* const kNames[] = {
 #define X_ITEM(id, name, text) name,
     OUTCOME_TABLE(X_ITEM)
@@ -62,11 +64,16 @@ void print_report() {
     add("  backed off to the driver %llu times, staged again %llu times\n",
         static_cast<unsigned long long>(ev.backed_off), static_cast<unsigned long long>(ev.staged_again));
   }
+  if (uint64_t n = g_taken_over.load()) {
+    add("  %llu pieces taken over from stalled (descheduled) copy threads\n", static_cast<unsigned long long>(n));
+  }
   ssize_t ignored = write(STDERR_FILENO, buf, len);
   (void)ignored;
 }
 
 }  // namespace
+
+void count_taken_over() { g_taken_over.fetch_add(1, std::memory_order_relaxed); }
 
 const char* outcome_name(Outcome o) { return kNames[static_cast<int>(o)]; }
 const char* outcome_text(Outcome o) { return kTexts[static_cast<int>(o)]; }
@@ -95,7 +102,7 @@ std::string stats_json() {
   }
   const GuardEvents ev = guard_events();
   return s + ",\"events\":{\"backed_off\":" + std::to_string(ev.backed_off) + ",\"staged_again\":" +
-         std::to_string(ev.staged_again) + "}}";
+         std::to_string(ev.staged_again) + ",\"taken_over\":" + std::to_string(g_taken_over.load()) + "}}";
 }
 
 void enable_exit_report() {

@@ -14,8 +14,11 @@ const char* outcome_text(Outcome o);
 void record(Direction d, Outcome o, size_t bytes);
 
 // {"h2d": {"accelerated": [copies, bytes], ...}, "d2h": {...},
-//  "events": {"backed_off": n, "staged_again": n}}  (rate_guard.hpp)
+//  "events": {"backed_off": n, "staged_again": n, "taken_over": n}}  (rate_guard.hpp, job.hpp)
 std::string stats_json();
+
+// Counts a piece of a copy that one lane took over from another that had stalled in it (job.hpp).
+void count_taken_over();
 
 // Prints the counters to stderr at exit when CMT_STATS=1 (registered on first use).
 void enable_exit_report();

@@ -362,6 +362,34 @@ def hold(req: dict) -> dict:
     return {}
 
 
+def one_way(req: dict) -> dict:
+    """One synchronous copy of `size` random bytes in `direction` (h2d or d2h): its wall seconds,
+    whether every byte arrived, and cmt's events since the server started."""
+    n = req["size"]
+    data = random.Random(req.get("seed", 0)).randbytes(n)
+    dev = drv.mem_alloc(n)
+    host = ctypes.create_string_buffer(n)
+    before = stats()
+    if req["direction"] == "h2d":
+        ctypes.memmove(host, data, n)
+        start = time.monotonic()
+        drv.memcpy("cuMemcpyHtoD_v2", dev, host, n)
+        seconds = time.monotonic() - start
+        drv.stream_sync(STREAM_LEGACY)  # a pageable copy returns once staged, as CUDA's own does
+        got = drv.peek(dev, n)
+    else:
+        drv.poke(dev, data)
+        start = time.monotonic()
+        drv.memcpy("cuMemcpyDtoH_v2", host, dev, n)
+        seconds = time.monotonic() - start
+        got = host.raw
+    after = stats()
+    drv.mem_free(dev)
+    wrong = [k for k in range(0, n, 4096) if got[k:k + 4096] != data[k:k + 4096]]  # 4 KiB pages
+    return {"bytes_ok": not wrong, "wrong_pages": wrong[:8], "seconds": seconds, "stats": stats_delta(before, after),
+            "events": after["events"]}
+
+
 def counts(req: dict) -> dict:
     """How often the stand-in driver's entry points `names` were called so far."""
     return {"counts": {name: drv.call_count(name) for name in req["names"]}}
@@ -452,7 +480,7 @@ def main() -> None:
     handlers = {"roundtrip": roundtrip, "ordering": ordering, "concurrent": concurrent, "call": call,
                 "fork": fork, "multi_device": multi_device, "legacy_during_capture": legacy_during_capture,
                 "overlap": overlap, "timed_copies": timed_copies, "hold": hold, "node_lanes": node_lanes,
-                "counts": counts, "stats": lambda _r: stats()}
+                "counts": counts, "one_way": one_way, "stats": lambda _r: stats()}
     for line in sys.stdin:
         req = json.loads(line)
         try:
