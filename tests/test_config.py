@@ -64,10 +64,24 @@ def test_good_file_round_trips_through_the_native_parser(tmp_path):
     ({**GOOD, "d2h": [{"min_bytes": 0, "mode": "pass", "buffers": 2}]}, "d2h[0].buffers: a pass rule takes no"),
     ({**GOOD, "d2h": [{"min_bytes": 0, "mode": "pass", "stores": "stream"}]}, "d2h[0].stores: a pass rule"),
     ({**GOOD, "d2h": ["pass"]}, "d2h[0]: expected an object"),
+    ({**GOOD, "node_threads": 0}, "node_threads: expected an integer from 1 to 4096"),
+    ({**GOOD, "node_threads": "8"}, "node_threads: expected an integer"),
 ])
 def test_corrupt_files_get_clear_errors(tmp_path, doc, message):
     with pytest.raises(CmtError, match=message.replace("[", r"\[").replace("]", r"\]")):
         cfg.load(write(tmp_path, doc))
+
+
+def test_the_node_budget_of_a_tuned_file_reaches_the_program_unless_the_user_set_one(tmp_path):
+    from cmt import launcher
+
+    conf = cfg.load(write(tmp_path, {**GOOD, "node_threads": 12}))
+    assert conf.node_threads == 12
+    assert cfg.load(cfg.save(conf, tmp_path / "again.json")).node_threads == 12
+    selection = cfg.Selection(conf, tmp_path / "tuned.json", "given with --config")
+    assert launcher.preload_env(selection, base={})["CMT_NODE_THREADS"] == "12"
+    assert launcher.preload_env(selection, base={"CMT_NODE_THREADS": "3"})["CMT_NODE_THREADS"] == "3"
+    assert "CMT_NODE_THREADS" not in launcher.preload_env(cfg.Selection(cfg.parse(GOOD), None, "x"), base={})
 
 
 def test_missing_file(tmp_path):

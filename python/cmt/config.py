@@ -51,7 +51,9 @@ DIRECTIONS = ("h2d", "d2h")
 # What a rule may carry besides its settings: figures `cmt tune` measured (ignored when running).
 FIGURES = ("gbps", "gain", "pageable_gbps", "measured_bytes")
 # A tuned file's other top-level keys (informational).
-TOP_LEVEL = ("format", "version", "created", "search", "machine", "source", "note", "tuning", *DIRECTIONS)
+TOP_LEVEL = ("format", "version", "created", "search", "machine", "source", "note", "tuning", "node_threads",
+             *DIRECTIONS)
+MAX_NODE_THREADS = 4096
 MAX_FILE_BYTES = 1 << 20  # a tuned file is a few KiB; anything larger is not one
 
 
@@ -116,6 +118,9 @@ class TunedConfig:
     machine: dict[str, Any] = field(default_factory=dict)
     created: str = ""
     extra: dict[str, Any] = field(default_factory=dict)  # informational top-level keys (TOP_LEVEL)
+    # Copy threads all of this user's processes on the machine may run at once (CMT_NODE_THREADS,
+    # which wins when set); None: the usable CPUs.
+    node_threads: int | None = None
 
     def to_plan(self) -> str:
         return ";".join(f"{direction}:{r.min_bytes}=" + ("pass" if r.settings is None else r.settings.to_text())
@@ -133,6 +138,8 @@ class TunedConfig:
         doc: dict[str, Any] = {"format": FORMAT, "version": VERSION, "created": self.created,
                                "search": self.search, "machine": self.machine}
         doc.update(self.extra)
+        if self.node_threads is not None:
+            doc["node_threads"] = self.node_threads
         for direction in DIRECTIONS:
             doc[direction] = [r.to_json() for r in self.rules.get(direction, [])]
         return doc
@@ -227,9 +234,12 @@ def parse(doc: Any, source: str = "tuned file") -> TunedConfig:
     machine = doc.get("machine", {})
     if not isinstance(machine, dict):
         raise CmtError(f"{source}: machine: expected an object")
-    known = {"format", "version", "created", "search", "machine", *DIRECTIONS}
+    node_threads = doc.get("node_threads")
+    if node_threads is not None:
+        node_threads = _int(node_threads, f"{source}: node_threads", 1, MAX_NODE_THREADS)
+    known = {"format", "version", "created", "search", "machine", "node_threads", *DIRECTIONS}
     return TunedConfig(rules, str(doc.get("search", "manual")), machine, str(doc.get("created", "")),
-                       {k: v for k, v in doc.items() if k not in known})
+                       {k: v for k, v in doc.items() if k not in known}, node_threads)
 
 
 def load(path: str | os.PathLike) -> TunedConfig:

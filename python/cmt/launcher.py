@@ -19,13 +19,16 @@ _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, sign
 
 
 def preload_env(selection: cfg.Selection, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment for CMD: libcmt.so added to any LD_PRELOAD, the plan in CMT_PLAN."""
+    """The environment for CMD: libcmt.so added to any LD_PRELOAD, the plan in CMT_PLAN, and the tuned
+    file's node budget in CMT_NODE_THREADS unless the user set that."""
     env = dict(os.environ if base is None else base)
     lib = str(native.library_path())
     preload = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if p and p != lib]
     env["LD_PRELOAD"] = " ".join([lib, *preload])
     if selection.config is not None:
         env["CMT_PLAN"] = selection.config.to_plan()
+        if selection.config.node_threads is not None:
+            env.setdefault("CMT_NODE_THREADS", str(selection.config.node_threads))
     return env
 
 
