@@ -349,5 +349,32 @@ def test_processes_share_the_nodes_budget_and_a_killed_ones_lanes_come_back(fake
         a.proc.wait(timeout=30)
         assert b("node_lanes")["in_use"] == 1  # the killed process's 3 came back; b still holds 1
     finally:
+        for server in (a, b):  # and reaped: a zombie's pid still exists, and its share with it
+            server.proc.kill()
+            server.proc.wait(timeout=30)
+
+
+def test_processes_share_the_nodes_pinned_staging_and_a_killed_ones_comes_back(fake_driver_dir):
+    """10 MiB of pinned staging beyond what other processes hold (CMT_NODE_PINNED_MB): the first
+    process's ring takes 6 (4 slots of 1 MiB and 2 spares); the second gets the 4 left and copies with
+    2 slots, exactly; when the first is killed, its 6 MiB return."""
+    probe = CopyServer(fake_driver_dir)
+    before = probe("node_lanes")["pinned_in_use"]  # the other tests' copy servers, still alive
+    probe.close()
+    env = {"CMT_NODE_PINNED_MB": str(before + 10),
+           "CMT_PLAN": ";".join(f"{d}:1=threads:2,buffers:4,chunk_bytes:1048576" for d in ("h2d", "d2h"))}
+    a, b = CopyServer(fake_driver_dir, **env), CopyServer(fake_driver_dir, **env)
+    try:
+        r = a("roundtrip", size=8 * MIB)
+        assert r["device_ok"] and r["host_ok"] and outcome(r, "h2d") == {"accelerated": 1}
+        assert b("node_lanes")["pinned_in_use"] == before + 6
+        r = b("roundtrip", size=8 * MIB, seed=1)
+        assert r["device_ok"] and r["host_ok"] and outcome(r, "h2d") == {"accelerated": 1}
+        assert b("node_lanes")["pinned_in_use"] == before + 10  # never more than the budget
         a.proc.kill()
-        b.proc.kill()
+        a.proc.wait(timeout=30)
+        assert b("node_lanes")["pinned_in_use"] == before + 4
+    finally:
+        for server in (a, b):  # and reaped: a zombie's pid still exists, and its share with it
+            server.proc.kill()
+            server.proc.wait(timeout=30)

@@ -94,6 +94,9 @@ API_EXPORT int cmt_settings_schema(char* buf, size_t len) { return copy_string(s
 // (node_budget.hpp).
 API_EXPORT int cmt_node_budget() { return node_budget(); }
 API_EXPORT int cmt_node_lanes_in_use() { return node_lanes_in_use(); }
+// The node's budget of pinned staging and what all live processes of this user pinned, in MiB.
+API_EXPORT long cmt_node_pinned_budget_mib() { return node_pinned_budget_mib(); }
+API_EXPORT long cmt_node_pinned_in_use_mib() { return node_pinned_in_use_mib(); }
 
 // The blocks the engine cuts a copy into (transfer_plan.hpp): writes up to max_blocks block sizes
 // into out and returns how many blocks there are. For `cmt tune`'s model.

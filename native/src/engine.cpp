@@ -104,7 +104,9 @@ void Engine::prepare(Pipeline* p) {
     const Settings most = active_plan().largest();
     const int slots = static_cast<int>(std::clamp<int64_t>(most.buffers, 1, kMaxBuffers));
     const size_t chunk = std::clamp(static_cast<size_t>(most.chunk_bytes), kMinChunk, kMaxChunk);
-    ok = p->dma.for_context(p->ctx, slots + kSpareSlots) && p->ring.ensure(slots + kSpareSlots, chunk);
+    // Short of pinned memory (the node's budget), the ring keeps what it got: copies use fewer slots.
+    ok = p->dma.for_context(p->ctx, slots + kSpareSlots) &&
+         (p->ring.ensure(slots + kSpareSlots, chunk) || p->ring.count() > kSpareSlots);
     pool_.prestart(static_cast<int>(std::clamp<int64_t>(most.threads, 1, kMaxThreads)) - 1);
   }
   {
@@ -182,12 +184,17 @@ CUresult Engine::copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming) {
   Job& j = p->job;
   p->dma.trace_forget();  // the last copy's DMA times describe its blocks, about to be replaced
   j.plan = cut_transfer(req.dir, req.bytes, chunk, threads, env().test_piece);
-  const int slots = static_cast<int>(std::min<size_t>(std::clamp<int64_t>(st.buffers, 1, kMaxBuffers), j.plan.blocks));
-  const int buffers = slots + kSpareSlots;  // the spares stand in for slots a late lane may still touch
-  ContextResources* res = p->dma.for_context(req.ctx, buffers);
+  int slots = static_cast<int>(std::min<size_t>(std::clamp<int64_t>(st.buffers, 1, kMaxBuffers), j.plan.blocks));
+  ContextResources* res = p->dma.for_context(req.ctx, slots + kSpareSlots);
+  if (!res) return CUDA_ERROR_NOT_READY;
   // The setup sized the ring for every rule in force; only explicit settings beyond them (the tuner's
-  // trials) or a plan replaced since can make it grow here.
-  if (!res || !p->ring.ensure(buffers, chunk)) return CUDA_ERROR_NOT_READY;
+  // trials) or a plan replaced since can make it grow here. Short of pinned memory, fewer slots.
+  // The spares stand in for slots a late lane may still touch (job.hpp).
+  if (!p->ring.ensure(slots + kSpareSlots, chunk)) {
+    slots = std::min(slots, p->ring.count() - kSpareSlots);
+    if (slots < 1 || p->ring.slot_bytes() < chunk) return CUDA_ERROR_NOT_READY;
+  }
+  const int buffers = slots + kSpareSlots;
   if (timeline::enabled()) {
     p->dma.trace_begin(res, j.plan.blocks);
     traced_ = p;

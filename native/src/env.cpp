@@ -107,6 +107,7 @@ Env read_env() {
   read_flag("CMT_TRACE", &e.trace);
   read_number("CMT_SPIN_US", 0, 1000000, &e.spin_us);
   read_number("CMT_NODE_THREADS", 1, 4096, &e.node_threads);
+  read_number("CMT_NODE_PINNED_MB", 1, 1L << 30, &e.node_pinned_mb);
   read_prefault(e);
   if (const char* v = getenv("CMT_PLAN")) e.plan = v;
   if (const char* v = getenv("CMT_PROFILE_DIR")) e.profile_dir = v;

@@ -18,6 +18,7 @@ struct Env {
   bool trace = false;          // CMT_TRACE=1: the engine's timeline of its last copy
   long spin_us = 200;          // CMT_SPIN_US: how long idle copy threads spin before sleeping
   long node_threads = 0;       // CMT_NODE_THREADS: copy threads of all this user's processes (0: usable CPUs)
+  long node_pinned_mb = 0;     // CMT_NODE_PINNED_MB: their pinned staging (0: a quarter of the memory)
   Prefault prefault = Prefault::HugePopulate;  // CMT_PREFAULT=huge|populate|none
   std::string plan;         // CMT_PLAN (internal): the tuned file's rules, from `cmt run`
   std::string profile_dir;  // CMT_PROFILE_DIR (internal): where `cmt profile` records

@@ -20,17 +20,19 @@ namespace cmt {
 namespace {
 
 constexpr int kSlots = 256;
-constexpr uint64_t kMagic = 0x636d742d6c616e31;  // "cmt-lan1"
+constexpr uint64_t kMagic = 0x636d742d62756432;  // "cmt-bud2"
 
 struct Slot {
-  std::atomic<int32_t> pid;    // 0: free
-  std::atomic<int32_t> lanes;  // worker lanes this process's copies hold
+  std::atomic<int32_t> pid;         // 0: free
+  std::atomic<int32_t> lanes;       // worker lanes this process's copies hold
+  std::atomic<int32_t> pinned_mib;  // staging this process pinned
+  int32_t reserved;
 };
 
 struct Segment {
   std::atomic<uint64_t> magic;
-  std::atomic<int32_t> total;  // the sum of the live slots' lanes
-  int32_t reserved;
+  std::atomic<int32_t> total;         // the sum of the live slots' lanes
+  std::atomic<int32_t> pinned_total;  // and of their pinned MiB
   Slot slots[kSlots];
 };
 static_assert(std::atomic<int32_t>::is_always_lock_free, "the segment is shared between processes");
@@ -44,7 +46,7 @@ bool gone(int32_t pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; 
 
 Segment* map_segment() {
   char name[64];
-  snprintf(name, sizeof name, "/cmt-lanes-%u", static_cast<unsigned>(getuid()));
+  snprintf(name, sizeof name, "/cmt-budget-%u", static_cast<unsigned>(getuid()));
   void* p = MAP_FAILED;
   int fd = shm_open(name, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd >= 0) {
@@ -70,6 +72,8 @@ void reclaim(Segment* s) {
     if (pid == 0 || pid == g_pid || !gone(pid)) continue;
     int32_t lanes = slot.lanes.exchange(0, std::memory_order_acq_rel);
     if (lanes) s->total.fetch_sub(lanes, std::memory_order_acq_rel);
+    int32_t pinned = slot.pinned_mib.exchange(0, std::memory_order_acq_rel);
+    if (pinned) s->pinned_total.fetch_sub(pinned, std::memory_order_acq_rel);
     int32_t expected = pid;
     slot.pid.compare_exchange_strong(expected, 0, std::memory_order_acq_rel);
   }
@@ -89,6 +93,7 @@ Slot* mine() {
     int32_t free = 0;
     if (slot.pid.compare_exchange_strong(free, pid, std::memory_order_acq_rel)) {
       slot.lanes.store(0, std::memory_order_relaxed);
+      slot.pinned_mib.store(0, std::memory_order_relaxed);
       g_mine = &slot;
       return g_mine;
     }
@@ -97,6 +102,48 @@ Slot* mine() {
   return nullptr;
 }
 
+long physical_memory_mib() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<long>((static_cast<unsigned long long>(pages) * page) >> 20) : 4096;
+}
+
+// Takes up to `wanted` (or, all_or_none, exactly `wanted` or nothing) of a budget's total, also into
+// this process's slot; reclaims the shares of processes that are gone when short.
+int32_t take(std::atomic<int32_t> Segment::*total_of, std::atomic<int32_t> Slot::*mine_of, int32_t budget,
+             int32_t wanted, bool all_or_none) {
+  Slot* slot = mine();
+  if (wanted <= 0) return 0;
+  if (!slot) return std::min(wanted, budget);
+  Segment* s = g_segment;
+  std::atomic<int32_t>& total = s->*total_of;
+  int32_t used = total.load(std::memory_order_acquire);
+  if (used + wanted > budget) {  // short: is some of it held by processes that are gone?
+    reclaim(s);
+    used = total.load(std::memory_order_acquire);
+  }
+  int32_t granted;
+  do {
+    granted = std::clamp(budget - used, 0, wanted);
+    if (all_or_none && granted < wanted) return 0;
+  } while (granted && !total.compare_exchange_weak(used, used + granted, std::memory_order_acq_rel));
+  if (granted) (slot->*mine_of).fetch_add(granted, std::memory_order_acq_rel);
+  return granted;
+}
+
+void give(std::atomic<int32_t> Segment::*total_of, std::atomic<int32_t> Slot::*mine_of, int32_t taken) {
+  if (taken <= 0 || !g_mine || g_pid != static_cast<int>(getpid())) return;
+  (g_mine->*mine_of).fetch_sub(taken, std::memory_order_acq_rel);
+  (g_segment->*total_of).fetch_sub(taken, std::memory_order_acq_rel);
+}
+
+int32_t in_use(std::atomic<int32_t> Segment::*total_of) {
+  if (!mine()) return 0;
+  reclaim(g_segment);
+  return (g_segment->*total_of).load(std::memory_order_acquire);
+}
+
+int32_t mib(size_t bytes) { return static_cast<int32_t>((bytes + (size_t(1) << 20) - 1) >> 20); }
+
 }  // namespace
 
 int node_budget() {
@@ -104,33 +151,21 @@ int node_budget() {
   return budget;
 }
 
-int take_lanes(int wanted) {
-  Slot* slot = mine();
-  if (!slot || wanted <= 0) return slot ? 0 : std::min(wanted, node_budget());
-  Segment* s = g_segment;
-  int32_t total = s->total.load(std::memory_order_acquire);
-  if (total + wanted > node_budget()) {  // short of lanes: are some held by processes that are gone?
-    reclaim(s);
-    total = s->total.load(std::memory_order_acquire);
-  }
-  int32_t granted;
-  do {
-    granted = std::clamp(node_budget() - total, 0, wanted);
-  } while (granted && !s->total.compare_exchange_weak(total, total + granted, std::memory_order_acq_rel));
-  if (granted) slot->lanes.fetch_add(granted, std::memory_order_acq_rel);
-  return granted;
+int take_lanes(int wanted) { return take(&Segment::total, &Slot::lanes, node_budget(), wanted, false); }
+void give_lanes(int taken) { give(&Segment::total, &Slot::lanes, taken); }
+int node_lanes_in_use() { return in_use(&Segment::total); }
+
+long node_pinned_budget_mib() {
+  static const long budget = env().node_pinned_mb > 0 ? env().node_pinned_mb : physical_memory_mib() / 4;
+  return budget;
 }
 
-void give_lanes(int taken) {
-  if (taken <= 0 || !g_mine || g_pid != static_cast<int>(getpid())) return;
-  g_mine->lanes.fetch_sub(taken, std::memory_order_acq_rel);
-  g_segment->total.fetch_sub(taken, std::memory_order_acq_rel);
+bool take_pinned(size_t bytes) {
+  const int32_t want = mib(bytes);
+  return take(&Segment::pinned_total, &Slot::pinned_mib, static_cast<int32_t>(node_pinned_budget_mib()), want,
+              true) == want;
 }
-
-int node_lanes_in_use() {
-  if (!mine()) return 0;
-  reclaim(g_segment);
-  return g_segment->total.load(std::memory_order_acquire);
-}
+void give_pinned(size_t bytes) { give(&Segment::pinned_total, &Slot::pinned_mib, mib(bytes)); }
+long node_pinned_in_use_mib() { return in_use(&Segment::pinned_total); }
 
 }  // namespace cmt

@@ -1,13 +1,17 @@
-// The node's budget of copy threads, shared by every process of one user on the machine through a
-// small shared-memory segment (/dev/shm/cmt-lanes-<uid>): `torchrun`, vLLM and Ray start a process
-// per GPU, and each would otherwise start as many copy threads as the machine has CPUs.
+// The node's budgets of copy threads and of pinned staging memory, shared by every process of one
+// user on the machine through a small shared-memory segment (/dev/shm/cmt-budget-<uid>): `torchrun`,
+// vLLM and Ray start a process per GPU, and each would otherwise start as many copy threads as the
+// machine has CPUs and pin its own staging rings.
 //
-// Each process counts the worker lanes its copies hold in a slot of its own, and the segment keeps
-// their total; a copy takes what the budget leaves (its calling thread always works: it is the
-// program's own). No broker: a process that ended, however it ended, is found by its pid being gone,
-// and its lanes are given back. The budget is the usable CPUs, or CMT_NODE_THREADS. Without shared
-// memory the budget is this process's alone.
+// Each process counts the worker lanes its copies hold, and the staging it pinned, in a slot of its
+// own, and the segment keeps the totals; a copy takes what the budget leaves (its calling thread
+// always works: it is the program's own), and a staging ring that the budget cannot hold is not
+// made (its copies go to the driver). No broker: a process that ended, however it ended, is found
+// by its pid being gone, and its share is given back. The budgets are the usable CPUs (or
+// CMT_NODE_THREADS) and a quarter of the memory (or CMT_NODE_PINNED_MB). Without shared memory they
+// are this process's alone.
 #pragma once
+#include <cstddef>
 
 namespace cmt {
 
@@ -19,5 +23,11 @@ void give_lanes(int taken);
 // The budget, and the worker lanes all live processes hold now (for the tests and benches).
 int node_budget();
 int node_lanes_in_use();
+
+// Pinned staging memory, counted in MiB (rounded up): false when the node's budget cannot hold it.
+bool take_pinned(size_t bytes);
+void give_pinned(size_t bytes);
+long node_pinned_budget_mib();
+long node_pinned_in_use_mib();
 
 }  // namespace cmt

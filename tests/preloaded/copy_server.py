@@ -396,8 +396,11 @@ def counts(req: dict) -> dict:
 
 
 def node_lanes(_req: dict) -> dict:
-    """The node's budget of copy threads and the worker lanes all this user's processes hold now."""
-    return {"budget": _cmt.cmt_node_budget(), "in_use": _cmt.cmt_node_lanes_in_use()}
+    """The node's budgets of copy threads and pinned staging (MiB), and what all this user's processes
+    hold of them now."""
+    _cmt.cmt_node_pinned_budget_mib.restype = _cmt.cmt_node_pinned_in_use_mib.restype = ctypes.c_long
+    return {"budget": _cmt.cmt_node_budget(), "in_use": _cmt.cmt_node_lanes_in_use(),
+            "pinned_budget": _cmt.cmt_node_pinned_budget_mib(), "pinned_in_use": _cmt.cmt_node_pinned_in_use_mib()}
 
 
 def legacy_during_capture(req: dict) -> dict:
