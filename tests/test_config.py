@@ -35,7 +35,11 @@ def test_good_file_round_trips_through_the_native_parser(tmp_path):
                     "h2d:67108864=threads:8,buffers:4,chunk_bytes:4194304,stores:stream;"
                     "d2h:2097152=threads:8,buffers:16,chunk_bytes:1048576,stores:cached")
     native.configure(plan)
-    assert native.active_plan() == plan
+    # A file without host-copy rules gets the built-in ones (native/src/host_copy.hpp).
+    host = cfg.from_plan(native.active_plan()).rules["h2h"]
+    assert native.active_plan() == plan + ";" + ";".join(
+        f"h2h:{r.min_bytes}=" + ("pass" if r.passes else r.settings.to_text()) for r in host)
+    assert host[-1].min_bytes == 8 << 20 and host[-1].settings.buffers == 1
     assert conf.rule_for("h2d", 5 << 20).settings == cfg.Settings(4, 8, 1 << 18)
     assert conf.rule_for("h2d", 64 << 20).settings.stores == "stream"
     assert conf.rule_for("d2h", 1 << 20).passes
@@ -144,8 +148,8 @@ def test_settings_text_and_label():
     assert cfg.Settings.from_text("threads:2,buffers:4,chunk_bytes:65536") == cfg.Settings(2, 4, 65536)
     assert s.as_dict() == {"threads": 8, "buffers": 4, "chunk_bytes": 4 << 20, "stores": "stream"}
     assert s.label() == "8x4x4M nt" and cfg.Settings(2, 4, 65536).label() == "2x4x64K"
-    native.configure(f"h2d:0={s.to_text()}")
-    assert native.active_plan() == f"h2d:0={s.to_text()}"
+    native.configure(f"h2d:0={s.to_text()};h2h:0=pass")
+    assert native.active_plan() == f"h2d:0={s.to_text()};h2h:0=pass"
 
 
 # -- the command line on hand-edited and broken files -------------------------------------------

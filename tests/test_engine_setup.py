@@ -11,7 +11,8 @@ MIB = 1 << 20
 
 
 def test_the_first_copies_go_to_the_driver_until_the_pipeline_is_ready(fake_driver_dir):
-    s = CopyServer(fake_driver_dir, CMT_TEST_HOOKS="guard=0")  # no wait_setup: as in real programs
+    # No wait_setup, as in real programs; pinning a staging buffer takes 20 ms, as a real driver's can.
+    s = CopyServer(fake_driver_dir, CMT_TEST_HOOKS="guard=0", FAKE_CUDA_HOST_ALLOC_US="20000")
     first = s("roundtrip", size=8 * MIB)
     assert first["device_ok"] and first["host_ok"]
     assert outcome(first, "h2d") == {"warming": 1}

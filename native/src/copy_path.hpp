@@ -34,5 +34,7 @@ bool classify_uva(CUdeviceptr dst, CUdeviceptr src, Direction* dir);
 // Process-wide switches, set by the library constructor and the fork handler.
 void set_disabled(bool disabled);
 void mark_forked_child();
+// Whether cmt is off (CMT_DISABLE) or this process was forked after cmt loaded: copies pass through.
+bool passing_everything();
 
 }  // namespace cmt

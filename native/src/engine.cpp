@@ -9,6 +9,7 @@
 
 #include "dma_streams.hpp"
 #include "env.hpp"
+#include "host_copy.hpp"
 #include "job.hpp"
 #include "lane_pool.hpp"
 #include "log.hpp"
@@ -59,6 +60,7 @@ struct Pipeline {
 class Engine {
  public:
   CUresult copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming);
+  bool host_lanes(int lanes, LanePool::Work work, void* arg);
   void forget() { pool_.forget(); }
   std::string dma_gpu_times();
 
@@ -70,6 +72,9 @@ class Engine {
   // The setup thread: the ring, stream, events and workers for the largest rule in force.
   void prepare(Pipeline* p);
 
+  std::mutex host_mutex_;  // held by the host copy on host_run_; others take the plain path meanwhile
+  LanePool::Run host_run_;
+  bool host_run_added_ = false;
   std::mutex pipelines_mutex_;  // the list of pipelines (never shrinks: copies hold pointers)
   std::vector<Pipeline*> pipelines_;
   LanePool pool_;
@@ -95,6 +100,7 @@ Pipeline* Engine::find(CUcontext ctx) {
 }
 
 void Engine::prepare(Pipeline* p) {
+  mark_cmt_thread();
   const Driver& d = driver();
   bool ok = d.cuCtxSetCurrent(p->ctx) == CUDA_SUCCESS;
   if (ok) {
@@ -140,12 +146,22 @@ void Engine::lane(void* arg, int index) {
   job.run_lane(index);
 }
 
+bool Engine::host_lanes(int lanes, LanePool::Work work, void* arg) {
+  if (pool_.forgotten()) return false;
+  std::unique_lock<std::mutex> lock(host_mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  if (!host_run_added_ && !(host_run_added_ = pool_.add(&host_run_))) return false;
+  pool_.run(host_run_, lanes, work, arg, Clock::duration{});
+  return true;
+}
+
 std::string Engine::dma_gpu_times() {
   std::lock_guard<std::mutex> lock(trace_mutex_);
   return traced_ ? traced_->dma.trace_gpu_times(traced_->job.plan.blocks) : std::string();
 }
 
 CUresult Engine::copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming) {
+  InsideCmt inside;  // the lanes' own large memcpy calls are libc's (host_copy.hpp)
   const Driver& d = driver();
   if (pool_.forgotten() || !d.ok) return CUDA_ERROR_NOT_READY;
   const Settings& st = req.settings;
@@ -250,6 +266,11 @@ CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming) {
 }
 
 std::string engine_dma_gpu_times() { return g_engine ? g_engine->dma_gpu_times() : std::string(); }
+
+bool engine_host_lanes(int lanes, void (*work)(void*, int), void* arg) {
+  std::call_once(g_engine_once, [] { g_engine = new Engine(); });
+  return g_engine->host_lanes(lanes, work, arg);
+}
 
 void engine_forget_after_fork() {
   if (g_engine) g_engine->forget();

@@ -42,6 +42,12 @@ CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns = nullptr, bool* w
 // on the DMA stream, as JSON [[start, end], ...]; "" when not traced.
 std::string engine_dma_gpu_times();
 
+// Runs work(arg, lane) on up to `lanes` lanes of the engine's pool, lane 0 in the calling thread,
+// for a copy between two host buffers (host_copy.hpp); returns once every lane that took part is
+// done. False, with nothing run, while another such copy has the pool's host run, or in a forked
+// child.
+bool engine_host_lanes(int lanes, void (*work)(void*, int), void* arg);
+
 // Tells a forked child that the engine's threads do not exist in it.
 void engine_forget_after_fork();
 

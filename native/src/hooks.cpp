@@ -15,6 +15,7 @@
 #include "cmt/cuda_types.hpp"
 #include "copy_path.hpp"
 #include "driver.hpp"
+#include "host_copy.hpp"
 #include "env.hpp"
 #include "log.hpp"
 #include "rate_guard.hpp"
@@ -207,6 +208,7 @@ __attribute__((constructor)) void cmt_library_init() {
   set_disabled(disabled);
   if (disabled) log::write(log::Level::Debug, "CMT_DISABLE set: every copy passes through");
   pthread_atfork(nullptr, nullptr, on_fork_child);
+  host_copy_init();
   enable_exit_report();
 }
 

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "env.hpp"
+#include "host_copy.hpp"
 #include "node_budget.hpp"
 #include "spin.hpp"
 
@@ -98,6 +99,7 @@ LanePool::Run* LanePool::enter_any(int* lane, uint64_t* gen) {
 }
 
 void LanePool::worker_main(int index) {
+  mark_cmt_thread();  // a worker's large memcpy calls are libc's (host_copy.hpp)
   char name[16];
   snprintf(name, sizeof name, "cmt-copy-%d", index);
   pthread_setname_np(pthread_self(), name);

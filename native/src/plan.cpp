@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "env.hpp"
+#include "host_copy.hpp"
 #include "log.hpp"
 #include "settings.hpp"
 
@@ -43,7 +44,8 @@ bool Plan::parse(const char* text, std::string* error) {
     Direction dir;
     if (!strncmp(p, "h2d:", 4)) dir = Direction::HtoD;
     else if (!strncmp(p, "d2h:", 4)) dir = Direction::DtoH;
-    else return fail(error, std::string("expected 'h2d:' or 'd2h:' at '") + p + "'");
+    else if (!strncmp(p, "h2h:", 4)) dir = Direction::HtoH;
+    else return fail(error, std::string("expected 'h2d:', 'd2h:' or 'h2h:' at '") + p + "'");
     p += 4;
     Rule r;
     if (!parse_size(p, &r.min_bytes) || *p != '=') return fail(error, "expected min_bytes '=' in rule");
@@ -63,6 +65,10 @@ bool Plan::parse(const char* text, std::string* error) {
     std::sort(rules.begin(), rules.end(),
               [](const Rule& a, const Rule& b) { return a.min_bytes < b.min_bytes; });
   }
+  // A plan that says nothing of host copies (a tuned file from before they existed) gets the
+  // built-in rules for them; one pass rule turns them off.
+  auto& host = parsed.rules_[static_cast<int>(Direction::HtoH)];
+  if (host.empty()) host = defaults().rules_[static_cast<int>(Direction::HtoH)];
   *this = parsed;
   return true;
 }
@@ -74,7 +80,7 @@ Plan Plan::defaults() {
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   int t = static_cast<int>(std::clamp(cpus * 5 / 8, 2L, 10L));
   Plan p;
-  for (int d = 0; d < kDirections; ++d) {
+  for (int d = 0; d < kGpuDirections; ++d) {
     bool h2d = d == static_cast<int>(Direction::HtoD);
     auto add = [&](size_t min, int threads, int buffers, size_t chunk) {
       Rule r;
@@ -92,6 +98,16 @@ Plan Plan::defaults() {
     add(size_t(64) << 20, t, 12, size_t(4) << 20);
     add(size_t(256) << 20, t, h2d ? 4 : 12, size_t(h2d ? 8 : 4) << 20);
   }
+  // Host copies from 8 MiB, in 1 MiB pieces over up to 16 threads: one thread's memcpy moves 5-10
+  // GB/s on the H200 host, 16 about 40-58 (docs/engine-findings.md); `cmt tune` measures the size
+  // from which they win on a given machine.
+  Rule pass, host;
+  host.min_bytes = size_t(8) << 20;
+  host.pass = false;
+  host.settings.threads = static_cast<int>(std::clamp(cpus, 1L, 16L));
+  host.settings.buffers = 1;
+  host.settings.chunk_bytes = int64_t(1) << 20;
+  p.rules_[static_cast<int>(Direction::HtoH)] = {pass, host};
   return p;
 }
 
@@ -118,10 +134,17 @@ std::string Plan::to_string() const {
   return s;
 }
 
+size_t Plan::stages_from(Direction d) const {
+  for (const auto& r : rules_[static_cast<int>(d)]) {
+    if (!r.pass) return r.min_bytes;
+  }
+  return SIZE_MAX;
+}
+
 Settings Plan::largest() const {
   Settings m;
-  for (const auto& rules : rules_) {
-    for (const auto& r : rules) {
+  for (int d = 0; d < kGpuDirections; ++d) {
+    for (const auto& r : rules_[d]) {
       if (r.pass) continue;
 #define X_ITEM(name, lo, hi, dflt, choices, what) m.name = std::max(m.name, r.settings.name);
       SETTINGS_TABLE(X_ITEM)
@@ -165,6 +188,7 @@ bool set_active_plan(const char* text, std::string* error) {
   std::lock_guard<std::mutex> lock(g_plan_mutex);
   // The old plan is leaked on purpose: a copy in flight may still read it. Plans change rarely.
   g_plan.store(plan, std::memory_order_release);
+  host_copy_plan_changed(*plan);
   return true;
 }
 

@@ -33,6 +33,8 @@ class Plan {
   // The most of each setting any staging rule asks for: a pipeline's ring and workers are made for
   // it once, ahead of its first copy. All zero when every rule passes copies through.
   Settings largest() const;
+  // The smallest copy in direction d that some rule stages (SIZE_MAX: none).
+  size_t stages_from(Direction d) const;
 
  private:
   std::vector<Rule> rules_[kDirections];  // sorted by min_bytes

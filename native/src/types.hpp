@@ -8,9 +8,14 @@
 
 namespace cmt {
 
-enum class Direction : int { HtoD = 0, DtoH = 1 };
-constexpr int kDirections = 2;
-inline const char* direction_name(Direction d) { return d == Direction::HtoD ? "h2d" : "d2h"; }
+// HtoH: a large memcpy/memmove between two host buffers that the program (or a library staging its
+// own copies) makes; cmt splits it over its threads (host_copy.hpp).
+enum class Direction : int { HtoD = 0, DtoH = 1, HtoH = 2 };
+constexpr int kDirections = 3;
+constexpr int kGpuDirections = 2;  // HtoD and DtoH: the ones with a GPU, staging and DMAs
+inline const char* direction_name(Direction d) {
+  return d == Direction::HtoD ? "h2d" : d == Direction::DtoH ? "d2h" : "h2h";
+}
 
 constexpr int kMaxThreads = 64;
 constexpr int kMaxBuffers = 64;

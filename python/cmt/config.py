@@ -47,12 +47,16 @@ from .errors import CmtError
 
 FORMAT = "cmt-tuned-config"
 VERSION = 1
-DIRECTIONS = ("h2d", "d2h")
+DIRECTIONS = ("h2d", "d2h")  # host<->GPU copies: what `cmt tune` and the benches measure
+# Every list of rules a tuned file may have: the GPU directions, and large host memcpy calls ("h2h",
+# native/src/host_copy.hpp: threads, and chunk_bytes as the piece each thread takes). A file without
+# "h2h" gets the built-in rules; [{"min_bytes": 0, "mode": "pass"}] turns them off.
+RULE_LISTS = (*DIRECTIONS, "h2h")
 # What a rule may carry besides its settings: figures `cmt tune` measured (ignored when running).
 FIGURES = ("gbps", "gain", "pageable_gbps", "measured_bytes")
 # A tuned file's other top-level keys (informational).
 TOP_LEVEL = ("format", "version", "created", "search", "machine", "source", "note", "tuning", "node_threads",
-             *DIRECTIONS)
+             *RULE_LISTS)
 MAX_NODE_THREADS = 4096
 MAX_FILE_BYTES = 1 << 20  # a tuned file is a few KiB; anything larger is not one
 
@@ -124,7 +128,7 @@ class TunedConfig:
 
     def to_plan(self) -> str:
         return ";".join(f"{direction}:{r.min_bytes}=" + ("pass" if r.settings is None else r.settings.to_text())
-                        for direction in DIRECTIONS for r in self.rules.get(direction, []))
+                        for direction in RULE_LISTS for r in self.rules.get(direction, []))
 
     def rule_for(self, direction: str, nbytes: int) -> Rule:
         found = Rule(0)
@@ -140,14 +144,15 @@ class TunedConfig:
         doc.update(self.extra)
         if self.node_threads is not None:
             doc["node_threads"] = self.node_threads
-        for direction in DIRECTIONS:
-            doc[direction] = [r.to_json() for r in self.rules.get(direction, [])]
+        for direction in RULE_LISTS:
+            if direction in DIRECTIONS or self.rules.get(direction):
+                doc[direction] = [r.to_json() for r in self.rules.get(direction, [])]
         return doc
 
 
 def from_plan(plan: str, search: str = "default") -> TunedConfig:
     """The inverse of TunedConfig.to_plan (used to show the library's built-in defaults)."""
-    rules: dict[str, list[Rule]] = {d: [] for d in DIRECTIONS}
+    rules: dict[str, list[Rule]] = {d: [] for d in RULE_LISTS}
     for part in filter(None, plan.split(";")):
         head, what = part.split("=", 1)
         direction, min_bytes = head.split(":")
@@ -221,7 +226,7 @@ def parse(doc: Any, source: str = "tuned file") -> TunedConfig:
         raise CmtError(f"{source}: version {version!r} is not supported (this cmt reads version {VERSION})")
     _unknown(doc, TOP_LEVEL, source)
     rules: dict[str, list[Rule]] = {}
-    for direction in DIRECTIONS:
+    for direction in RULE_LISTS:
         raw = doc.get(direction, [])
         if not isinstance(raw, list):
             raise CmtError(f"{source}: {direction}: expected a list of rules")
@@ -237,7 +242,7 @@ def parse(doc: Any, source: str = "tuned file") -> TunedConfig:
     node_threads = doc.get("node_threads")
     if node_threads is not None:
         node_threads = _int(node_threads, f"{source}: node_threads", 1, MAX_NODE_THREADS)
-    known = {"format", "version", "created", "search", "machine", "node_threads", *DIRECTIONS}
+    known = {"format", "version", "created", "search", "machine", "node_threads", *RULE_LISTS}
     return TunedConfig(rules, str(doc.get("search", "manual")), machine, str(doc.get("created", "")),
                        {k: v for k, v in doc.items() if k not in known}, node_threads)
 

@@ -256,6 +256,7 @@ struct Global {
   CUresult init_result = CUDA_SUCCESS;
   int ndev = 1;
   std::atomic<double> copy_gbps{0}, pageable_gbps{0};  // set at init, or by fakecuda_set_copy_gbps
+  double host_alloc_us = 0;  // FAKE_CUDA_HOST_ALLOC_US: pinning takes time (a real driver's: ms)
   uintptr_t va_base = 0;
   size_t va_len = 0;
   std::mutex dev_mu;  // devices' VA lists + retain counts
@@ -344,6 +345,7 @@ void do_init() {
   // default 0.5 GB/s; 0: as fast as memcpy): cmt's guard compares its staged copies with them.
   const char* pageable = getenv("FAKE_CUDA_PAGEABLE_GBPS");
   g.pageable_gbps = pageable && *pageable ? env_double("FAKE_CUDA_PAGEABLE_GBPS") : 0.5;
+  g.host_alloc_us = env_double("FAKE_CUDA_HOST_ALLOC_US");
   if (n == 0) {
     g.init_result = CUDA_ERROR_NO_DEVICE;
     return;
@@ -1521,6 +1523,9 @@ FAKE_EXPORT CUresult cuMemHostAlloc(void** pp, size_t n, unsigned int flags) {
   CUresult rc = need_ctx(&c);
   if (rc) return rc;
   if (!pp) return CUDA_ERROR_INVALID_VALUE;
+  if (G().host_alloc_us > 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(static_cast<long>(G().host_alloc_us)));
+  }
   return alloc_host_kind(pp, n, MKind::PINNED, c);
 }
 

@@ -1,0 +1,188 @@
+#include "host_copy.hpp"
+
+#include <dlfcn.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "copy_path.hpp"
+#include "driver.hpp"
+#include "engine.hpp"
+#include "plan.hpp"
+#include "prefault.hpp"
+#include "rate_guard.hpp"
+#include "stats.hpp"
+#include "transfer_plan.hpp"
+
+#define API_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace cmt {
+namespace {
+
+using CopyFn = void* (*)(void*, const void*, size_t);
+using CheckedCopyFn = void* (*)(void*, const void*, size_t, size_t);
+
+// Before libc's functions are resolved (other libraries' constructors can copy before ours runs,
+// and dlsym itself copies): a plain forward or backward loop, `rep movsb` where the CPU has it.
+// (No loop-to-memcpy transformation in these: it would call back here.)
+#define NO_LIBCALL __attribute__((optimize("no-tree-loop-distribute-patterns")))
+
+NO_LIBCALL void* early_copy(void* d, const void* s, size_t n) {
+#if defined(__x86_64__)
+  void* dst = d;
+  asm volatile("rep movsb" : "+D"(dst), "+S"(s), "+c"(n) : : "memory");
+#else
+  auto* dp = static_cast<unsigned char*>(d);
+  auto* sp = static_cast<const unsigned char*>(s);
+  for (size_t i = 0; i < n; ++i) dp[i] = sp[i];
+#endif
+  return d;
+}
+
+NO_LIBCALL void* early_move(void* d, const void* s, size_t n) {
+  auto* dp = static_cast<unsigned char*>(d);
+  auto* sp = static_cast<const unsigned char*>(s);
+  if (dp <= sp || dp >= sp + n) return early_copy(d, s, n);
+  for (size_t i = n; i-- > 0;) dp[i] = sp[i];
+  return d;
+}
+
+void* early_checked_copy(void* d, const void* s, size_t n, size_t room) {
+  if (n > room) abort();  // what glibc's __chk_fail does, without its message
+  return early_copy(d, s, n);
+}
+
+void* early_checked_move(void* d, const void* s, size_t n, size_t room) {
+  if (n > room) abort();
+  return early_move(d, s, n);
+}
+
+CopyFn g_memcpy = early_copy;
+CopyFn g_memmove = early_move;
+CheckedCopyFn g_memcpy_chk = early_checked_copy;
+CheckedCopyFn g_memmove_chk = early_checked_move;
+
+// Copies below this take the plain path at once; SIZE_MAX until the library is initialised.
+std::atomic<size_t> g_threshold{SIZE_MAX};
+
+thread_local bool t_inside = false;
+
+struct HostCopyJob {
+  char* d;
+  const char* s;
+  size_t n, piece;
+  bool fresh;
+  std::atomic<size_t> next{0};
+};
+
+void copy_pieces(void* arg, int /*lane*/) {
+  auto& j = *static_cast<HostCopyJob*>(arg);
+  for (;;) {
+    const size_t off = j.next.fetch_add(j.piece, std::memory_order_relaxed);
+    if (off >= j.n) break;
+    const size_t len = std::min(j.piece, j.n - off);
+    if (j.fresh) populate(j.d + off, len);
+    g_memcpy(j.d + off, j.s + off, len);
+  }
+}
+
+// Splits a copy of n bytes over the lane pool; false when the pool is not to be had.
+bool copy_on_lanes(char* d, const char* s, size_t n, const Settings& st) {
+  HostCopyJob job{d, s, n, std::clamp<size_t>(static_cast<size_t>(st.chunk_bytes), kMinChunk, n), false};
+  job.fresh = prepare_fresh_destination(d, n);
+  const int lanes = static_cast<int>(std::min<size_t>(std::clamp<int64_t>(st.threads, 1, kMaxThreads),
+                                                      (n + job.piece - 1) / job.piece));
+  return engine_host_lanes(lanes, &copy_pieces, &job);
+}
+
+bool overlap(const void* d, const void* s, size_t n) {
+  const auto a = reinterpret_cast<uintptr_t>(d), b = reinterpret_cast<uintptr_t>(s);
+  return a < b + n && b < a + n;
+}
+
+// A copy at or above the threshold: staged over the lanes, or the plain function with the reason
+// counted.
+void* large_copy(void* d, const void* s, size_t n, CopyFn plain) {
+  // Only in processes that use CUDA (the libraries that stage their own copies): a CPU-only program
+  // under `cmt run` keeps its copies and gets no threads.
+  if (t_inside || overlap(d, s, n) || passing_everything() || !driver().ok) return plain(d, s, n);
+  InsideCmt inside;
+  const Rule& rule = active_plan().lookup(Direction::HtoH, n);
+  Outcome o = Outcome::BelowMinimum;
+  if (!rule.pass) {
+    o = guard_decide(Direction::HtoH, n) == Verdict::Stage ? Outcome::Accelerated : Outcome::BackedOff;
+  }
+  if (o == Outcome::Accelerated) {
+    const uint64_t start = monotonic_ns();
+    if (copy_on_lanes(static_cast<char*>(d), static_cast<const char*>(s), n, rule.settings)) {
+      guard_staged(Direction::HtoH, n, monotonic_ns() - start);
+      record(Direction::HtoH, o, n);
+      return d;
+    }
+    o = Outcome::Resources;  // another host copy has the pool
+  }
+  driver_copy(o, Direction::HtoH, n, [&] {
+    plain(d, s, n);
+    return CUDA_SUCCESS;
+  });
+  record(Direction::HtoH, o, n);
+  return d;
+}
+
+template <typename Fn>
+Fn resolve(const char* name, Fn fallback) {
+  void* p = real_dlsym(RTLD_NEXT, name);
+  return p ? reinterpret_cast<Fn>(p) : fallback;
+}
+
+}  // namespace
+
+InsideCmt::InsideCmt() : outer(!t_inside) { t_inside = true; }
+InsideCmt::~InsideCmt() {
+  if (outer) t_inside = false;
+}
+void mark_cmt_thread() { t_inside = true; }
+
+void host_copy_init() {
+  g_memcpy = resolve<CopyFn>("memcpy", early_copy);
+  g_memmove = resolve<CopyFn>("memmove", early_move);
+  g_memcpy_chk = resolve<CheckedCopyFn>("__memcpy_chk", early_checked_copy);
+  g_memmove_chk = resolve<CheckedCopyFn>("__memmove_chk", early_checked_move);
+  host_copy_plan_changed(active_plan());
+}
+
+void host_copy_plan_changed(const Plan& plan) {
+  g_threshold.store(plan.stages_from(Direction::HtoH), std::memory_order_relaxed);
+}
+
+}  // namespace cmt
+
+using cmt::g_threshold;
+
+// The program's (and its libraries') copies. Below the threshold: one compare, then libc's own.
+API_EXPORT void* memcpy(void* d, const void* s, size_t n) {
+  if (__builtin_expect(n < g_threshold.load(std::memory_order_relaxed), 1)) return cmt::g_memcpy(d, s, n);
+  return cmt::large_copy(d, s, n, cmt::g_memcpy);
+}
+
+API_EXPORT void* memmove(void* d, const void* s, size_t n) {
+  if (__builtin_expect(n < g_threshold.load(std::memory_order_relaxed), 1)) return cmt::g_memmove(d, s, n);
+  return cmt::large_copy(d, s, n, cmt::g_memmove);
+}
+
+// The _FORTIFY_SOURCE forms: libc's own checks the destination's room, as without cmt.
+API_EXPORT void* __memcpy_chk(void* d, const void* s, size_t n, size_t room) {
+  if (__builtin_expect(n < g_threshold.load(std::memory_order_relaxed), 1) || n > room) {
+    return cmt::g_memcpy_chk(d, s, n, room);
+  }
+  return cmt::large_copy(d, s, n, cmt::g_memcpy);
+}
+
+API_EXPORT void* __memmove_chk(void* d, const void* s, size_t n, size_t room) {
+  if (__builtin_expect(n < g_threshold.load(std::memory_order_relaxed), 1) || n > room) {
+    return cmt::g_memmove_chk(d, s, n, room);
+  }
+  return cmt::large_copy(d, s, n, cmt::g_memmove);
+}
