@@ -14,8 +14,8 @@ from .options import config_option, takes_command
 
 # The other subcommands, each imported only when named (or listed by --help): `cmt run` must start
 # fast and must not load numpy, rich's tables or matplotlib, which they use.
-_SUBCOMMANDS = {"bench": "cmt.bench.cli", "config": "cmt.tune.config_cli", "profile": "cmt.profile.cli",
-                "tune": "cmt.tune.cli"}
+_SUBCOMMANDS = {"bench": "cmt.bench.cli", "config": "cmt.tune.config_cli", "doctor": "cmt.doctor.cli",
+                "profile": "cmt.profile.cli", "tune": "cmt.tune.cli"}
 
 
 class CmtGroup(click.Group):
