@@ -43,9 +43,10 @@ def test_cpu_thread_counts_double_up_to_the_cores():
 def test_tasks_cover_every_mode_and_skip_pinned_fresh():
     plan = copy_sweep.SweepPlan([4096, 1 << 20], list(copy_sweep.DIRECTIONS), list(copy_sweep.MODES), [1, 2])
     tasks = plan.tasks()
-    assert len(tasks) == 2 * (3 + 3 + 2 + 2)
+    assert len(tasks) == 2 * (3 + 3 + 2 + 2 + 1)
     assert not [t for t in tasks if t.mode == "pinned" and t.direction == "d2h-fresh"]
     assert {t.threads for t in tasks if t.mode == "cpu"} == {1, 2}
+    assert [t.nbytes for t in tasks if t.mode == "cmt" and t.direction == "h2h"] == [4096, 1 << 20]
 
 
 def test_random_pattern_blocks_differ():
@@ -97,7 +98,7 @@ def test_plot_and_tables_from_a_document(tmp_path: Path):
     assert png.read_bytes().startswith(PNG_MAGIC)
     tables = report.copy_tables(doc)
     assert [t.title.split(":")[0] for t in tables] == [
-        "host to device", "device to host", "device to host, into fresh memory", "CPU memcpy (pageable)"]
+        "host to device", "device to host", "device to host, into fresh memory", "Host memcpy (pageable)"]
 
 
 # -- the sweep against the stand-in driver ----------------------------------------------------------

@@ -6,6 +6,7 @@
 #include "copy_path.hpp"
 #include "driver.hpp"
 #include "engine.hpp"
+#include "host_copy.hpp"
 #include "log.hpp"
 #include "node_budget.hpp"
 #include "plan.hpp"
@@ -84,6 +85,18 @@ API_EXPORT CUresult cmt_memcpy(int dir, void* host, CUdeviceptr device, size_t b
     return call.dir == Direction::HtoD ? d.cuMemcpyHtoDAsync(device, host, bytes, stream)
                                        : d.cuMemcpyDtoHAsync(host, device, bytes, stream);
   });
+}
+
+// One copy between two host buffers through the engine's lanes (host_copy.hpp): settings == nullptr,
+// as the plan in force decides; otherwise staged with these. Returns the outcome's index, -1 for
+// settings out of their limits.
+API_EXPORT int cmt_host_copy(void* dst, const void* src, size_t bytes, const Settings* settings) {
+  std::string why;
+  if (settings && !check_settings(*settings, &why)) {
+    log::write(log::Level::Warn, "cmt_host_copy: %s", why.c_str());
+    return -1;
+  }
+  return host_copy_call(dst, src, bytes, settings);
 }
 
 // The tuning settings' names, limits and choices as JSON (settings.hpp): Python validates tuned

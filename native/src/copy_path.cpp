@@ -154,7 +154,8 @@ bool classify_uva(CUdeviceptr dst, CUdeviceptr src, Direction* dir) {
 
 void set_disabled(bool disabled) { g_disabled.store(disabled); }
 
-bool passing_everything() { return g_disabled.load(std::memory_order_relaxed) || g_forked.load(std::memory_order_relaxed); }
+bool copies_disabled() { return g_disabled.load(std::memory_order_relaxed); }
+bool in_forked_child() { return g_forked.load(std::memory_order_relaxed); }
 
 void mark_forked_child() {
   g_forked.store(true);

@@ -34,7 +34,9 @@ bool classify_uva(CUdeviceptr dst, CUdeviceptr src, Direction* dir);
 // Process-wide switches, set by the library constructor and the fork handler.
 void set_disabled(bool disabled);
 void mark_forked_child();
-// Whether cmt is off (CMT_DISABLE) or this process was forked after cmt loaded: copies pass through.
-bool passing_everything();
+// Whether cmt is off (CMT_DISABLE), and whether this process was forked after cmt loaded: copies
+// then pass through.
+bool copies_disabled();
+bool in_forked_child();
 
 }  // namespace cmt

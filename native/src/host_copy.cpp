@@ -102,24 +102,31 @@ bool overlap(const void* d, const void* s, size_t n) {
   return a < b + n && b < a + n;
 }
 
-// A copy at or above the threshold: staged over the lanes, or the plain function with the reason
-// counted.
-void* large_copy(void* d, const void* s, size_t n, CopyFn plain) {
-  // Only in processes that use CUDA (the libraries that stage their own copies): a CPU-only program
-  // under `cmt run` keeps its copies and gets no threads.
-  if (t_inside || overlap(d, s, n) || passing_everything() || !driver().ok) return plain(d, s, n);
+// A copy the plan (or `forced` settings, for the C API) may stage: over the lanes, or the plain
+// function; the outcome is counted and returned.
+Outcome staged_copy(void* d, const void* s, size_t n, CopyFn plain, const Settings* forced) {
+  const Outcome plain_only = overlap(d, s, n) ? Outcome::Overlapping
+                             : in_forked_child()  ? Outcome::ForkedChild
+                             : copies_disabled()  ? Outcome::Disabled
+                                                  : Outcome::Accelerated;
+  if (plain_only != Outcome::Accelerated) {
+    plain(d, s, n);
+    return plain_only;
+  }
   InsideCmt inside;
   const Rule& rule = active_plan().lookup(Direction::HtoH, n);
   Outcome o = Outcome::BelowMinimum;
-  if (!rule.pass) {
+  if (forced) {
+    o = Outcome::Accelerated;  // measured as given: no guard
+  } else if (!rule.pass) {
     o = guard_decide(Direction::HtoH, n) == Verdict::Stage ? Outcome::Accelerated : Outcome::BackedOff;
   }
   if (o == Outcome::Accelerated) {
     const uint64_t start = monotonic_ns();
-    if (copy_on_lanes(static_cast<char*>(d), static_cast<const char*>(s), n, rule.settings)) {
-      guard_staged(Direction::HtoH, n, monotonic_ns() - start);
+    if (copy_on_lanes(static_cast<char*>(d), static_cast<const char*>(s), n, forced ? *forced : rule.settings)) {
+      if (!forced) guard_staged(Direction::HtoH, n, monotonic_ns() - start);
       record(Direction::HtoH, o, n);
-      return d;
+      return o;
     }
     o = Outcome::Resources;  // another host copy has the pool
   }
@@ -128,6 +135,15 @@ void* large_copy(void* d, const void* s, size_t n, CopyFn plain) {
     return CUDA_SUCCESS;
   });
   record(Direction::HtoH, o, n);
+  return o;
+}
+
+// The interposer's copies at or above the threshold. Only in processes that use CUDA (the libraries
+// that stage their own copies): a CPU-only program under `cmt run` keeps its copies and gets no
+// threads; and never from cmt's own threads.
+void* large_copy(void* d, const void* s, size_t n, CopyFn plain) {
+  if (t_inside || !driver().ok) return plain(d, s, n);
+  staged_copy(d, s, n, plain, nullptr);
   return d;
 }
 
@@ -151,6 +167,14 @@ void host_copy_init() {
   g_memcpy_chk = resolve<CheckedCopyFn>("__memcpy_chk", early_checked_copy);
   g_memmove_chk = resolve<CheckedCopyFn>("__memmove_chk", early_checked_move);
   host_copy_plan_changed(active_plan());
+}
+
+int host_copy_call(void* d, const void* s, size_t n, const Settings* forced) {
+  if (!forced && n < g_threshold.load(std::memory_order_relaxed)) {
+    g_memmove(d, s, n);
+    return static_cast<int>(Outcome::BelowMinimum);
+  }
+  return static_cast<int>(staged_copy(d, s, n, g_memmove, forced));
 }
 
 void host_copy_plan_changed(const Plan& plan) {

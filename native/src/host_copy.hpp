@@ -21,6 +21,11 @@ void host_copy_init();
 // The plan in force changed: its host-copy threshold with it.
 void host_copy_plan_changed(const Plan& plan);
 
+struct Settings;
+// One host copy for the C API (benchmarks, the tuner): staged with `forced` settings as given, or
+// as the plan decides (nullptr); returns the Outcome. Overlapping ranges are moved as memmove does.
+int host_copy_call(void* d, const void* s, size_t n, const Settings* forced);
+
 // Marks the calling thread as inside cmt (its copy path, its workers): its large copies take the
 // plain path, so that cmt never waits for itself.
 struct InsideCmt {

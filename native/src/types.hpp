@@ -64,7 +64,8 @@ enum class DefaultStream { Legacy, PerThread };
   X(StreamContext, "stream_context", "the stream could not be used from this context")        \
   X(Resources, "resources", "staging buffers, streams or events could not be created")        \
   X(BackedOff, "backed_off", "staged copies of this size ran slower than the driver's own on this busy host (rate_guard.hpp)") \
-  X(Warming, "warming", "the staging pipeline for this GPU was still being set up (its first milliseconds)")
+  X(Warming, "warming", "the staging pipeline for this GPU was still being set up (its first milliseconds)") \
+  X(Overlapping, "overlapping", "a host copy whose source and destination overlap: libc's memmove")
 
 enum class Outcome : int {
 #define X_ITEM(id, name, text) id,

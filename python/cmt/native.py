@@ -45,6 +45,8 @@ def load() -> ctypes.CDLL:
     lib.cmt_transfer_blocks.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int,
                                         ctypes.POINTER(ctypes.c_size_t), ctypes.c_size_t]
     lib.cmt_transfer_blocks.restype = ctypes.c_int
+    lib.cmt_host_copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    lib.cmt_host_copy.restype = ctypes.c_int
     lib.cmt_plan_stages.argtypes = [ctypes.c_int, ctypes.c_size_t]
     lib.cmt_plan_stages.restype = ctypes.c_int
     lib.cmt_outcome_name.argtypes = [ctypes.c_int]
@@ -113,6 +115,17 @@ def memcpy(direction: str, host: int, device: int, nbytes: int, stream: int = 0,
     result = CopyResult(r)
     result.outcome = load().cmt_outcome_name(outcome.value).decode()
     return result
+
+
+def host_copy(dst: int, src: int, nbytes: int, settings: dict[str, int | str] | None = None) -> str:
+    """One copy between two host buffers through the engine's threads (native/src/host_copy.hpp):
+    settings (threads, and chunk_bytes per piece) stage it as given, None lets the plan decide.
+    Returns the outcome (accelerated, below_minimum, ...)."""
+    row = _settings_struct(settings) if settings is not None else None
+    outcome = load().cmt_host_copy(dst, src, nbytes, ctypes.cast(row, ctypes.c_void_p) if row is not None else None)
+    if outcome < 0:
+        raise CmtError(f"settings out of the engine's limits: {settings}")
+    return load().cmt_outcome_name(outcome).decode()
 
 
 def transfer_blocks(direction: str, nbytes: int, chunk_bytes: int, lanes: int = 8) -> list[int]:

@@ -18,7 +18,6 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,13 +162,9 @@ class CopyBench:
         self.pinned_src = host_view(self.pinned_src_ptr, capacity)
         self.pinned_src[:] = self.pattern
         self.pinned_dst = host_view(self.pinned_dst_ptr, capacity)
-        self._pools: dict[int, ThreadPoolExecutor] = {}
         self.last_outcome: str | None = None
 
     def close(self) -> None:
-        for pool in self._pools.values():
-            pool.shutdown()
-        self._pools.clear()
         for free in reversed(self._freers):
             try:
                 free()
@@ -212,6 +207,11 @@ class CopyBench:
 
     def copy_seconds(self, mode: str, direction: str, n: int, settings: Settings | None = None) -> float:
         """One timed copy; returns seconds (the cmt engine's outcome is kept in `last_outcome`)."""
+        if direction == "h2h":  # host to host: cmt's threads as the plan says (what `cmt run` gives)
+            src, dst = address(self.src), address(self.dst)
+            t0 = time.perf_counter()
+            self.last_outcome = native.host_copy(dst, src, n, settings.as_dict() if settings else None)
+            return time.perf_counter() - t0
         if mode == "pinned":
             return self._pinned_seconds("h2d" if direction == "h2d" else "d2h", n)
         if direction == "d2h-fresh":
@@ -240,6 +240,11 @@ class CopyBench:
     def verify(self, mode: str, direction: str, n: int, settings: Settings | None = None) -> None:
         """One copy of random data through `mode`, checked byte for byte with the plain driver."""
         drv, what = self.drv, f"{mode} {direction} copy"
+        if direction == "h2h":
+            self.dst[:n] = 0
+            self.copy_seconds(mode, direction, n, settings)
+            _compare(self.dst[:n], self.pattern[:n], what)
+            return
         if direction == "h2d":
             drv.memset_d8(self.dev, 0, n)
             drv.synchronize()
@@ -261,20 +266,13 @@ class CopyBench:
 
     # -- CPU memcpy ------------------------------------------------------------------------------
     def cpu_copy_seconds(self, threads: int, n: int) -> float:
-        """Pageable-to-pageable numpy copy split over `threads` (the calling thread is one)."""
-        src, dst = self.src, self.dst
-        bounds = [n * i // threads // 64 * 64 for i in range(threads)] + [n]
-        parts = list(zip(bounds, bounds[1:], strict=False))
-        pool = self._pools.get(threads)
-        if pool is None and threads > 1:
-            pool = self._pools[threads] = ThreadPoolExecutor(threads - 1, thread_name_prefix="cmt-memcpy")
-        t0 = time.perf_counter()
-        futures = [pool.submit(np.copyto, dst[a:b], src[a:b]) for a, b in parts[1:]] if pool else []
-        a, b = parts[0]
-        np.copyto(dst[a:b], src[a:b])
-        for f in futures:
-            f.result()
-        return time.perf_counter() - t0
+        """Pageable-to-pageable copy: one thread's numpy copy (libc's memcpy), or split over `threads`
+        of cmt's engine (the calling thread is one; 1 MiB pieces)."""
+        if threads == 1:
+            t0 = time.perf_counter()
+            np.copyto(self.dst[:n], self.src[:n])
+            return time.perf_counter() - t0
+        return self.copy_seconds("cmt", "h2h", n, Settings(threads, 1, max(4096, min(1 << 20, n))))
 
     def verify_cpu(self, threads: int, n: int) -> None:
         self.dst[:n] = 0
@@ -369,6 +367,8 @@ class SweepPlan:
                                                                                       d == "d2h-fresh")]
             if "cpu" in self.modes:
                 out += [Task("cpu", "h2h", n, t) for t in self.cpu_threads]
+                if "cmt" in self.modes:
+                    out.append(Task("cmt", "h2h", n))
         return out
 
 

@@ -129,13 +129,21 @@ def copy_tables(doc: dict[str, Any]) -> list[Table]:
         tables.append(t)
     threads = doc["settings"]["cpu_threads"] if "cpu" in doc["settings"]["modes"] else []
     if threads:
-        t = Table(title="CPU memcpy (pageable): GB/s by threads", title_justify="left")
+        t = Table(title="Host memcpy (pageable): GB/s by threads (1: libc's; more: cmt's engine), and under "
+                  "cmt's plan", title_justify="left")
         t.add_column("size", justify="right")
         for n_threads in threads:
             t.add_column(str(n_threads), justify="right")
+        planned = data.get(("cmt", "h2h"), {})
+        if planned:
+            t.add_column("cmt", justify="right")
+            t.add_column("cmt / 1", justify="right")
         for n in sizes:
             row = [data[(f"cpu{k}", "h2h")].get(n) for k in threads]
-            t.add_row(format_size(n), *(f"{r['median_gbps']:.1f}" if r else "-" for r in row))
+            cells = [f"{r['median_gbps']:.1f}" if r else "-" for r in row]
+            if planned:
+                cells += [_cell(planned.get(n)), _ratio(planned.get(n), data[("cpu1", "h2h")].get(n))]
+            t.add_row(format_size(n), *cells)
         tables.append(t)
     return tables
 
