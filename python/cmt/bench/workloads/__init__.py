@@ -38,6 +38,8 @@ WORKLOADS: tuple[Workload, ...] = (
     Workload("seed-jax", "seed_jax.py", "np.zeros((1024, 3, 224, 224)) through jax.device_put and np.asarray",
              smoke=True),
     Workload("cupy", "cupy_roundtrip.py", "CuPy asarray and get of a 1 GiB array", smoke=True),
+    Workload("safetensors-cuda", "safetensors_cuda.py", "safetensors load_file(device='cuda') of a 2 GiB file in the "
+             "page cache", prepare=True),
     Workload("hf-load", "hf_load.py", "transformers from_pretrained(device_map='cuda') of a local safetensors model",
              prepare=True),
     Workload("torch-save-load", "torch_save_load.py", "torch.save of a GPU state dict, torch.load to CUDA", smoke=True),
