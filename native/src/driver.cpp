@@ -74,6 +74,10 @@ bool load_driver(bool load_if_absent) {
   ok &= load(h, d.cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
   d.ok = ok;
   d.cuEventElapsedTime = reinterpret_cast<PFN_cuEventElapsedTime>(real_dlsym(h, "cuEventElapsedTime"));
+  d.cuLaunchHostFunc = reinterpret_cast<PFN_cuLaunchHostFunc>(real_dlsym(h, "cuLaunchHostFunc"));
+  d.cuStreamWaitValue32 = reinterpret_cast<PFN_cuStreamWaitValue32_v2>(real_dlsym(h, "cuStreamWaitValue32_v2"));
+  d.cuMemHostGetDevicePointer =
+      reinterpret_cast<PFN_cuMemHostGetDevicePointer_v2>(real_dlsym(h, "cuMemHostGetDevicePointer_v2"));
   g_driver = d;
   return true;
 }

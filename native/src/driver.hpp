@@ -19,6 +19,16 @@ const char* entry_name(EntryId id);
 // Id of an intercepted entry point by exact name, or -1.
 int entry_by_name(const char* name);
 
+// The storage path's stream-ordered calls (stream_io.cpp); not in every driver, so optional.
+extern "C" {
+typedef void (*CUhostFn)(void*);
+typedef CUresult (*PFN_cuLaunchHostFunc)(CUstream, CUhostFn, void*);
+typedef CUresult (*PFN_cuStreamWaitValue32_v2)(CUstream, CUdeviceptr, unsigned int, unsigned int);
+typedef CUresult (*PFN_cuMemHostGetDevicePointer_v2)(CUdeviceptr*, void*, unsigned int);
+}
+constexpr unsigned int kMemHostAllocDeviceMap = 0x2;  // CU_MEMHOSTALLOC_DEVICEMAP
+constexpr unsigned int kStreamWaitValueGeq = 0x0;     // CU_STREAM_WAIT_VALUE_GEQ: (int32)(*addr - value) >= 0
+
 // glibc's dlsym, never our interposed one (safe before libcuda is loaded).
 void* real_dlsym(void* handle, const char* name);
 
@@ -46,6 +56,11 @@ struct Driver {
   PFN_cuMemcpyDtoHAsync cuMemcpyDtoHAsync = nullptr;
   // Optional (not part of `ok`): only CMT_TRACE's GPU timestamps use it.
   PFN_cuEventElapsedTime cuEventElapsedTime = nullptr;
+  // Optional: the storage path's stream-ordered reads and writes (without the wait on memory, a
+  // host function blocks the stream instead; without host functions there are none).
+  PFN_cuLaunchHostFunc cuLaunchHostFunc = nullptr;
+  PFN_cuStreamWaitValue32_v2 cuStreamWaitValue32 = nullptr;
+  PFN_cuMemHostGetDevicePointer_v2 cuMemHostGetDevicePointer = nullptr;
 };
 
 // Loads the driver table once. With `load_if_absent` false (the interposer), only a libcuda that

@@ -120,6 +120,7 @@
   X(cuStreamGetFlags_ptsz)              \
   X(cuLaunchHostFunc)                   \
   X(cuLaunchHostFunc_ptsz)              \
+  X(cuStreamWaitValue32_v2)             \
   X(cuStreamBeginCapture_v2)            \
   X(cuStreamBeginCapture_v2_ptsz)       \
   X(cuStreamEndCapture)                 \
@@ -256,6 +257,7 @@ struct Global {
   CUresult init_result = CUDA_SUCCESS;
   int ndev = 1;
   std::atomic<double> copy_gbps{0}, pageable_gbps{0};  // set at init, or by fakecuda_set_copy_gbps
+  bool no_stream_memops = false;  // FAKE_CUDA_NO_STREAM_MEMOPS=1: a device that cannot wait on memory
   double host_alloc_us = 0;  // FAKE_CUDA_HOST_ALLOC_US: pinning takes time (a real driver's: ms)
   uintptr_t va_base = 0;
   size_t va_len = 0;
@@ -345,6 +347,8 @@ void do_init() {
   // default 0.5 GB/s; 0: as fast as memcpy): cmt's guard compares its staged copies with them.
   const char* pageable = getenv("FAKE_CUDA_PAGEABLE_GBPS");
   g.pageable_gbps = pageable && *pageable ? env_double("FAKE_CUDA_PAGEABLE_GBPS") : 0.5;
+  const char* memops = getenv("FAKE_CUDA_NO_STREAM_MEMOPS");
+  g.no_stream_memops = memops && *memops && strcmp(memops, "0") != 0;
   g.host_alloc_us = env_double("FAKE_CUDA_HOST_ALLOC_US");
   if (n == 0) {
     g.init_result = CUDA_ERROR_NO_DEVICE;
@@ -973,6 +977,37 @@ CUresult launch_host_func(CUstream h, void (*fn)(void*), void* ud, bool per_thre
   CUresult rc = resolve_stream(h, per_thread, s);
   if (rc) return rc;
   return enqueue(s, [fn, ud] { fn(ud); }, {}, true, nullptr);
+}
+
+// cuStreamWaitValue32_v2: the stream's later work waits until the 32-bit word at addr (pinned,
+// registered or device memory) meets the condition; the stream's worker polls it.
+CUresult wait_value32(CUstream h, CUdeviceptr addr, uint32_t value, unsigned flags) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (G().no_stream_memops) return CUDA_ERROR_NOT_SUPPORTED;
+  SP s;
+  CUresult rc = resolve_stream(h, false, s);
+  if (rc) return rc;
+  Resolved r;
+  if ((rc = resolve_ptr(addr, sizeof(uint32_t), r))) return rc;
+  if (r.kind == MKind::PAGEABLE || r.kind == MKind::MANAGED || addr % sizeof(uint32_t)) return CUDA_ERROR_INVALID_VALUE;
+  const unsigned cond = flags & ~(1u << 30);  // CU_STREAM_WAIT_VALUE_FLUSH changes nothing here
+  if (cond > 3) return CUDA_ERROR_INVALID_VALUE;
+  auto* word = reinterpret_cast<uint32_t*>(r.host);
+  AP keep = r.a;
+  return enqueue(
+      s,
+      [word, value, cond, keep] {
+        for (;;) {
+          const uint32_t v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+          const bool met = cond == 0   ? static_cast<int32_t>(v - value) >= 0  // GEQ, cyclic
+                           : cond == 1 ? v == value                            // EQ
+                           : cond == 2 ? (v & value) != 0                      // AND
+                                       : ~(v | value) != 0;                    // NOR
+          if (met) return;
+          std::this_thread::sleep_for(std::chrono::microseconds(20));
+        }
+      },
+      {}, true, nullptr);
 }
 
 CUresult begin_capture(CUstream h, int mode, bool per_thread) {
@@ -1839,6 +1874,10 @@ FAKE_EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream h, void (*fn)(void*), void* 
   COUNT(cuLaunchHostFunc_ptsz);
   return launch_host_func(h, fn, ud, true);
 }
+FAKE_EXPORT CUresult cuStreamWaitValue32_v2(CUstream h, CUdeviceptr addr, unsigned int value, unsigned int flags) {
+  COUNT(cuStreamWaitValue32_v2);
+  return wait_value32(h, addr, static_cast<uint32_t>(value), flags);
+}
 FAKE_EXPORT CUresult cuStreamBeginCapture_v2(CUstream h, int mode) {
   COUNT(cuStreamBeginCapture_v2);
   return begin_capture(h, mode, false);
@@ -2017,6 +2056,7 @@ int min_version(const std::string& name, bool versioned) {
       {"cuGetProcAddress_v2", 12000},
       {"cuEventElapsedTime_v2", 12080},
       {"cuStreamGetCtx_v2", 12050},
+      {"cuStreamWaitValue32_v2", 11070},
   };
   auto it = ov.find(name);
   if (it != ov.end()) return it->second;

@@ -1,0 +1,207 @@
+#include "file_transfer.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "driver.hpp"
+#include "engine.hpp"
+#include "log.hpp"
+#include "prefault.hpp"
+#include "settings.hpp"
+
+namespace cmt {
+namespace {
+
+// The bounce buffer of the path through the driver, when the engine has no pipeline for the copy.
+constexpr size_t kBounceBytes = size_t(4) << 20;
+
+// A private non-blocking stream per context: what the engine orders its end of a file-to-device
+// copy on, and what the transfer then waits for (the DMAs still in flight). Never destroyed.
+CUstream private_stream(const Driver& d, CUcontext ctx) {
+  static std::mutex mutex;
+  static std::vector<std::pair<CUcontext, CUstream>> streams;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (auto& [c, s] : streams) {
+    if (c == ctx) return s;
+  }
+  CUstream s = nullptr;
+  if (d.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return nullptr;
+  streams.emplace_back(ctx, s);
+  return s;
+}
+
+// When the engine cannot take the copy (its pipeline could not be set up, the node's pinned
+// budget is spent, a forked child): through one pageable buffer and the driver's own copies.
+CUresult copy_through_driver(const Driver& d, Direction dir, CUdeviceptr device, size_t bytes, CUstream stream,
+                             FileEnd& end) {
+  log::debug_once(0x903, "the staging pipeline is not available: a file transfer goes through the driver");
+  void* raw = nullptr;
+  if (posix_memalign(&raw, 4096, kBounceBytes) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  char* buf = static_cast<char*>(raw);
+  CUresult r = CUDA_SUCCESS;
+  for (size_t off = 0; off < bytes && r == CUDA_SUCCESS; off += kBounceBytes) {
+    const size_t n = std::min(kBounceBytes, bytes - off);
+    if (dir == Direction::HtoD) {
+      r = end.fill(buf, off, n, false);
+      if (r == CUDA_SUCCESS) r = d.cuMemcpyHtoDAsync(device + off, buf, n, stream);
+      if (r == CUDA_SUCCESS) r = d.cuStreamSynchronize(stream);
+    } else {
+      r = d.cuMemcpyDtoHAsync(buf, device + off, n, stream);
+      if (r == CUDA_SUCCESS) r = d.cuStreamSynchronize(stream);
+      if (r == CUDA_SUCCESS) r = end.drain(buf, off, n, false);
+    }
+  }
+  free(buf);
+  return r;
+}
+
+void fail_cuda(IoResult* res, CUresult r) {
+  res->status = kIoCudaError;
+  res->cu_result = r;
+}
+
+// One engine copy of [part_off, part_off + len) of the request; false with *res set on failure.
+bool copy_part(const Driver& d, const IoRequest& q, CUcontext ctx, CUstream stream, uint64_t part_off, size_t len,
+               IoResult* res) {
+  FileEnd end(*q.file, q.file_off + part_off);
+  CopyRequest req{q.dir, ctx, nullptr, q.device + part_off, len, stream, q.settings, &end};
+  CUresult r = engine_copy(req);
+  if (r == CUDA_ERROR_NOT_READY && !end.failed()) r = copy_through_driver(d, q.dir, req.device, len, stream, end);
+  // A file-to-device copy returns once its bytes are staged: the transfer is done once its DMAs are.
+  if (r == CUDA_SUCCESS && q.dir == Direction::HtoD) r = d.cuStreamSynchronize(stream);
+  res->direct_bytes += static_cast<int64_t>(end.direct_bytes());
+  res->buffered_bytes += static_cast<int64_t>(end.buffered_bytes());
+  if (end.failed()) {
+    res->status = end.error() ? kIoOsError : kIoFileEnded;
+    res->os_errno = end.error();
+    res->offset = static_cast<int64_t>(end.error_offset());
+    return false;
+  }
+  if (r != CUDA_SUCCESS) {
+    fail_cuda(res, r);
+    return false;
+  }
+  return true;
+}
+
+struct DeviceRange {
+  CUcontext ctx = nullptr;
+  unsigned int memory_type = 0;
+  CUdeviceptr start = 0;
+  size_t size = 0;
+};
+
+bool query_device(const Driver& d, CUdeviceptr p, DeviceRange* out) {
+  CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_CONTEXT, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                 CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE};
+  void* data[] = {&out->ctx, &out->memory_type, &out->start, &out->size};
+  if (d.cuPointerGetAttributes(4, attrs, data, p) != CUDA_SUCCESS) return false;
+  // Memory mapped with the virtual memory API belongs to no context: the caller's current one.
+  if (!out->ctx && d.cuCtxGetCurrent(&out->ctx) != CUDA_SUCCESS) out->ctx = nullptr;
+  return true;
+}
+
+}  // namespace
+
+ContextScope::ContextScope(const Driver& d, CUcontext ctx) : d_(d) {
+  if (d_.cuCtxGetCurrent(&prev_) != CUDA_SUCCESS) prev_ = nullptr;
+  if (prev_ != ctx) ok_ = swapped_ = d_.cuCtxSetCurrent(ctx) == CUDA_SUCCESS;
+}
+
+ContextScope::~ContextScope() {
+  if (swapped_) d_.cuCtxSetCurrent(prev_);
+}
+
+Settings io_default_settings() {
+  Settings s;
+  s.threads = std::clamp<long>(usable_cpus(), 1, 16);
+  s.buffers = 8;
+  s.chunk_bytes = int64_t(8) << 20;
+  s.stores = 0;
+  return s;
+}
+
+CUcontext io_context_of(CUdeviceptr device) {
+  const Driver& d = driver(/*load_if_absent=*/true);
+  DeviceRange range;
+  if (!d.ok || !query_device(d, device, &range)) return nullptr;
+  return range.ctx;
+}
+
+IoResult file_transfer(const IoRequest& q) {
+  IoResult res;
+  const Driver& d = driver(/*load_if_absent=*/true);
+  if (!d.ok) {
+    fail_cuda(&res, CUDA_ERROR_NOT_INITIALIZED);
+    return res;
+  }
+  std::string why;
+  if (!check_settings(q.settings, &why)) {
+    log::write(log::Level::Warn, "file transfer: %s", why.c_str());
+    res.status = kIoBadRequest;
+    res.os_errno = EINVAL;
+    return res;
+  }
+  if (q.bytes == 0) return res;
+  DeviceRange range;
+  if (!query_device(d, q.device, &range) || !range.ctx || range.memory_type != CU_MEMORYTYPE_DEVICE ||
+      q.device < range.start || q.device + q.bytes > range.start + range.size || q.device + q.bytes < q.device) {
+    res.status = kIoBadDevice;
+    return res;
+  }
+  ContextScope scope(d, range.ctx);
+  if (!scope.ok()) {
+    fail_cuda(&res, CUDA_ERROR_INVALID_CONTEXT);
+    return res;
+  }
+  if (q.wait_legacy) {
+    if (CUresult r = d.cuStreamSynchronize(CU_STREAM_LEGACY); r != CUDA_SUCCESS) {
+      fail_cuda(&res, r);
+      return res;
+    }
+  }
+  IoFile& file = *q.file;
+  const int64_t size_before = file.size();
+  uint64_t bytes = q.bytes;
+  if (q.dir == Direction::HtoD && size_before >= 0) {
+    const uint64_t size = static_cast<uint64_t>(size_before);
+    bytes = q.file_off >= size ? 0 : std::min<uint64_t>(bytes, size - q.file_off);
+    if (bytes == 0) return res;
+  }
+  CUstream stream = private_stream(d, range.ctx);
+  if (!stream) {
+    fail_cuda(&res, CUDA_ERROR_OUT_OF_MEMORY);
+    return res;
+  }
+  // The bytes up to the first aligned file offset first, on their own: the rest starts aligned.
+  const size_t a = file.align();
+  const uint64_t head = file.may_direct() && q.file_off % a ? std::min<uint64_t>(bytes, a - q.file_off % a) : 0;
+  bool ok = head == 0 || copy_part(d, q, range.ctx, stream, 0, head, &res);
+  if (ok && head < bytes) ok = copy_part(d, q, range.ctx, stream, head, bytes - head, &res);
+  if (ok) {
+    res.done = static_cast<int64_t>(bytes);
+    return res;
+  }
+  // A failed write leaves nothing half-written that looks whole: the file goes back to the larger of
+  // its former size and the write's offset (bytes before the write are never cut: another write's),
+  // unless another write has meanwhile put bytes beyond this one's.
+  if (q.dir == Direction::DtoH && file.regular() && size_before >= 0) {
+    const int64_t target = std::max<int64_t>(size_before, static_cast<int64_t>(q.file_off));
+    const int64_t now = file.size();
+    if (now > target && static_cast<uint64_t>(now) <= q.file_off + q.bytes && ftruncate(file.fd(), target) != 0) {
+      log::write(log::Level::Warn, "a failed write could not be cut back to %lld bytes: %s",
+                 static_cast<long long>(target), strerror(errno));
+    }
+  }
+  return res;
+}
+
+}  // namespace cmt

@@ -1,0 +1,111 @@
+"""cmt.io's stream-ordered reads and writes (File.read_async, File.write_async) against the stand-in
+driver: the call returns at once, the transfer runs after the stream's earlier work and before its
+later work, through a wait on memory or, where the device has none, a blocking host function."""
+
+from __future__ import annotations
+
+import pytest
+from io_scenario import run_scenario
+
+
+@pytest.mark.parametrize("wait_on_memory", [True, False], ids=["wait_value", "blocking_host_function"])
+def test_read_async_runs_after_the_streams_earlier_work_and_before_its_later_work(run_python, tmp_path,
+                                                                                 wait_on_memory):
+    env = {} if wait_on_memory else {"FAKE_CUDA_NO_STREAM_MEMOPS": "1"}
+    run_scenario(run_python, f'''
+        path = os.path.join({str(tmp_path)!r}, "f.bin")
+        data = pattern(6 * MiB + 99, 9)
+        make_file(path, data)
+        n = len(data)
+        d, seen = drv.mem_alloc(n), drv.mem_alloc(n)
+        s = drv.stream_create()
+        gate = threading.Event()
+        drv.launch_host_func(s, gate.wait)       # the stream is held here until the test lets it go
+        drv.delayed_write(s, d, 0xAA, n, 0)      # a kernel that writes the buffer: before the read
+        with cmt.io.open(path) as f:
+            start = time.monotonic()
+            sf = f.read_async((d, n), s)
+            took = time.monotonic() - start
+            drv.memcpy("cuMemcpyDtoDAsync_v2", seen, d, n, s)  # a later kernel reads the buffer
+            time.sleep(0.05)
+            assert not sf.done() and not sf.wait(0.01)  # the stream has not reached it
+        gate.set()  # the file was closed meanwhile: the transfer holds it open
+        drv.stream_sync(s)
+        assert sf.check_bytes_done() == n and sf.done()
+        assert drv.peek(d, n) == data, "the read ran before the kernel ahead of it on the stream"
+        assert drv.peek(seen, n) == data, "the kernel after the read ran before it"
+        assert took < 1.0, took  # the call did not wait for the stream
+        waits = drv.call_count("cuStreamWaitValue32_v2")
+        assert (waits >= 1) if {wait_on_memory!r} else (drv.call_count("cuLaunchHostFunc") >= 3)
+    ''', **env)
+
+
+@pytest.mark.parametrize("wait_on_memory", [True, False], ids=["wait_value", "blocking_host_function"])
+def test_write_async_writes_what_the_earlier_kernel_made_before_a_later_one_changes_it(run_python, tmp_path,
+                                                                                      wait_on_memory):
+    env = {} if wait_on_memory else {"FAKE_CUDA_NO_STREAM_MEMOPS": "1"}
+    run_scenario(run_python, f'''
+        out = os.path.join({str(tmp_path)!r}, "out.bin")
+        n = 5 * MiB + 3
+        d = drv.mem_alloc(n)
+        drv.memset_d8(d, 0, n)
+        s = drv.stream_create()
+        gate = threading.Event()
+        drv.launch_host_func(s, gate.wait)
+        drv.delayed_write(s, d, 0x5A, n, 20000)  # the kernel that makes the bytes
+        with cmt.io.open(out, "w") as g:
+            wf = g.write_async((d, n), s, file_offset=4096)
+        drv.delayed_write(s, d, 0x11, n, 0)      # a later kernel overwrites the buffer
+        assert not wf.done()
+        gate.set()
+        assert wf.check_bytes_done(timeout=60) == n
+        drv.stream_sync(s)
+        assert open(out, "rb").read() == b"\\0" * 4096 + b"\\x5a" * n
+        assert drv.peek(d, 8) == b"\\x11" * 8
+    ''', **env)
+
+
+def test_stream_ordered_transfers_refuse_a_capturing_stream_and_host_buffers(run_python, tmp_path):
+    run_scenario(run_python, f'''
+        path = os.path.join({str(tmp_path)!r}, "f.bin")
+        make_file(path, pattern(MiB, 10))
+        d = drv.mem_alloc(MiB)
+        s = drv.stream_create()
+        with cmt.io.open(path) as f:
+            drv.begin_capture(s)
+            try:
+                f.read_async((d, MiB), s)
+                raise AssertionError("a capturing stream took a read")
+            except ValueError as e:
+                assert "captured" in str(e)
+            drv.end_capture(s)
+            try:
+                f.read_async(bytearray(10), s)
+                raise AssertionError("a host buffer took a stream-ordered read")
+            except ValueError as e:
+                assert "device memory" in str(e)
+
+            class TorchLikeStream:
+                cuda_stream = s
+            assert f.read_async((d, MiB), TorchLikeStream()).check_bytes_done(timeout=60) == MiB
+            assert f.read_async((d, MiB), None).check_bytes_done(timeout=60) == MiB  # the default stream
+    ''')
+
+
+def test_stream_handles_of_every_kind():
+    from cmt.io.stream import handle
+
+    class Torch:
+        cuda_stream = 7
+
+    class CuPy:
+        ptr = 9
+
+    class Protocol:
+        def __cuda_stream__(self):
+            return (0, 11)
+
+    assert [handle(None), handle(0), handle(5), handle(Torch()), handle(CuPy()), handle(Protocol())] == [0, 0, 5, 7, 9,
+                                                                                                          11]
+    with pytest.raises(TypeError, match="not a CUDA stream"):
+        handle("stream")
