@@ -8,7 +8,16 @@
 #   copy     cmt bench copy, the full sweep                            (-> copy.json, copy.png)
 #   load     cmt bench load, every scenario over 3 process pairs (about 6.5 minutes; stopped at 8:
 #            `install load` fits one call, not beside other modes)     (-> load.json, load.png)
+#   doctor   cmt doctor --path . (text and JSON)                      (-> doctor.txt, doctor.json)
+#   io       cmt bench io in a scratch folder, 4 GiB: warm and cold reads, writes, the batch, the
+#            disk's O_DIRECT limit, one and 16 threads, against KvikIO where carried (-> io.json, io.png)
+#   ioacc    benchmarks/io_acceptance.py: read_async's return time on a busy stream, first-use setup
+#                                                                      (-> io-acceptance.json)
+#   frameworks  cmt bench workloads of the libraries that stage their own copies (safetensors-cuda,
+#            cupy, seed-jax, hf-load)                                 (-> workloads.json)
 #   all      install tests core copy (about 8 minutes with 3 processes)
+# Wheels carried in .whl/ (kvikio-cu13, libkvikio-cu13, rapids-logger, fastsafetensors,
+# runai-model-streamer: ../.library/device/README.md) are installed into /tmp/site first.
 # e.g.  bash benchmarks/gpu_session.sh all
 #       PROCESSES=5 bash benchmarks/gpu_session.sh install core     (5 processes take about 6.5 minutes)
 # Every call also writes machine.txt. Exit status: 1 if any mode failed.
@@ -18,9 +27,13 @@ OUT=${OUT:-/tmp/cmt-out}
 mkdir -p "$OUT"
 { nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv; nproc
   grep -m1 "model name" /proc/cpuinfo; lscpu | grep -iE "L3|numa node\("; date -u; } > "$OUT/machine.txt" 2>&1
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 modes=()
 for m in "$@"; do if [ "$m" = all ]; then modes+=(install tests core copy); else modes+=("$m"); fi; done
-[ ${#modes[@]} -gt 0 ] || { sed -n '2,14p' "$0"; exit 2; }
+[ ${#modes[@]} -gt 0 ] || { sed -n '2,22p' "$0"; exit 2; }
 status=0
 for mode in "${modes[@]}"; do
   echo "== $mode $(date -u +%T)"
@@ -33,7 +46,15 @@ for mode in "${modes[@]}"; do
             --out "$OUT/core-acceptance.json" 2>&1 | tail -30 ;;
     copy) timeout 200 python3 -m cmt bench copy --out "$OUT" 2>&1 | tail -45 ;;
     load) COLUMNS=150 timeout 480 python3 -m cmt bench load --out "$OUT" 2>&1 | tail -100 ;;
-    *) echo "unknown mode $mode (install, tests, core, copy, load, all)"; false ;;
+    doctor) COLUMNS=150 python3 -m cmt doctor --path . > "$OUT/doctor.txt" 2>&1; cat "$OUT/doctor.txt"
+            python3 -m cmt doctor --path . --json > "$OUT/doctor.json" 2>&1; true ;;
+    io) mkdir -p /tmp/cmt-io && COLUMNS=150 timeout ${IO_TIMEOUT:-480} python3 -m cmt bench io -D /tmp/cmt-io -w 1,16 \
+          -i all -x cpu-gpu,cpu-pinned-gpu,cmt,kvikio --out "$OUT" 2>&1 | tail -80 ;;
+    ioacc) mkdir -p /tmp/cmt-io && timeout 200 python3 benchmarks/io_acceptance.py --dir /tmp/cmt-io \
+             --out "$OUT/io-acceptance.json" 2>&1 | tail -20 ;;
+    frameworks) COLUMNS=150 timeout 500 python3 -m cmt bench workloads --only safetensors-cuda,cupy,seed-jax,hf-load \
+                  --out "$OUT" 2>&1 | tail -40 ;;
+    *) echo "unknown mode $mode (install, tests, core, copy, load, doctor, io, ioacc, frameworks, all)"; false ;;
   esac || { status=1; echo "== $mode failed"; }
 done
 ls -l "$OUT"

@@ -1,5 +1,6 @@
 """`cmt bench`: `copy` (the default) sweeps copy sizes; `workloads` times real programs with and without cmt;
-`load` measures copies on a loaded machine (busy CPUs, both directions, many processes and threads)."""
+`load` measures copies on a loaded machine (busy CPUs, both directions, many processes and threads); `io`
+measures storage to host or GPU memory, gdsio-style."""
 
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ class _CopyByDefault(click.Group):
 
 @click.group(cls=_CopyByDefault, context_settings={"help_option_names": ["-h", "--help"]})
 def bench():
-    """Measure copy bandwidth (`copy`, the default), real workloads (`workloads`) and copies on a loaded
-    machine (`load`) with and without cmt."""
+    """Measure copy bandwidth (`copy`, the default), real workloads (`workloads`), copies on a loaded
+    machine (`load`) and storage reads and writes (`io`) with and without cmt."""
 
 
 def _out_option(kind: str):
@@ -312,3 +313,134 @@ def load_cmd(scenarios, rounds, busy, sizes, counts, threads, copy_size, thread_
     if failures:
         raise CmtError(f"{len(failures)} measurement{'s' if len(failures) > 1 else ''} failed, the first: "
                        f"{failures[0]} (see {out / 'load.json'})", exit_code=1)
+
+
+# -- cmt bench io -----------------------------------------------------------------------------------
+IO_DEFAULTS = {"file_size": "4G", "threads": "8", "io_size": "16M,all", "repeats": 3, "batch": 1024,
+               "direct_streams": "4,16"}
+IO_QUICK = {"file_size": "64M", "threads": "4", "io_size": "1M,all", "repeats": 2, "batch": 256,
+            "direct_streams": "4"}
+def _host_fingerprint() -> dict[str, Any]:
+    """The machine without a GPU (only the CPU types run)."""
+    import platform
+
+    from .. import __version__
+    from .. import machine as hw
+
+    fp: dict[str, Any] = {"gpu": "no GPU", "pcie_gen": None, "pcie_width": None, **hw.cpu_fields(),
+                          "usable_cpus": hw.usable_cpus(), "memory_bytes": hw.memory_bytes(),
+                          "kernel": platform.release(), "python": platform.python_version(), "cmt_version": __version__,
+                          "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    fp["hardware_id"] = hw.hardware_id(fp)
+    fp["slug"] = hw.slug(fp)
+    return fp
+
+
+@bench.command("io")
+@click.option("-f", "--file", "file_path", metavar="FILE",
+              help="The test file: used as it is and kept (made with --file-size if missing). Writes need --overwrite.")
+@click.option("-D", "--dir", "folder", metavar="FOLDER", help="Make the test file in FOLDER; it is removed at the end.")
+@click.option("-d", "--device", default=0, show_default=True, type=click.IntRange(min=0), help="GPU ordinal.")
+@click.option("-w", "--threads", metavar="LIST", help=f"Threads, each with its own I/Os (gdsio -w) [default: "
+              f"{IO_DEFAULTS['threads']}; with --quick {IO_QUICK['threads']}]. KvikIO's pool gets as many.")
+@click.option("-s", "--file-size", metavar="SIZE", help=f"Test file size [default: {IO_DEFAULTS['file_size']}; with "
+              f"--quick {IO_QUICK['file_size']}; with --file: the file's size].")
+@click.option("-i", "--io-size", metavar="LIST", help=f"Bytes per I/O; `all`: each thread's whole share in one I/O "
+              f"[default: {IO_DEFAULTS['io_size']}; with --quick {IO_QUICK['io_size']}].")
+@click.option("-x", "--xfer", default="cpu,cpu-gpu,cpu-pinned-gpu,cmt,kvikio,cufile", show_default=True,
+              metavar="LIST", help="Transfer types: cpu (host memory only), cpu-gpu (pageable host memory, then the "
+              "GPU), cpu-pinned-gpu, cmt (cmt.io), kvikio, cufile; gdsio's 0, 1, 2 mean cufile, cpu, cpu-pinned-gpu. "
+              "Types that cannot run here are reported as skipped.")
+@click.option("-I", "--mode", "modes", default="read,write", show_default=True, metavar="LIST",
+              help="read, write; or gdsio's 0 (read), 1 (write), 2 (random read), 3 (random write).")
+@click.option("--random/--sequential", default=False, help="Random blocks or each thread's share in order "
+              "[default: sequential].")
+@click.option("-T", "--duration", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Each run (and O_DIRECT pass; not the batch) goes on this long [default: one pass over "
+                   "the file].")
+@click.option("--cache", metavar="LIST", help="Page-cache states: warm (the file loaded first), cold (evicted "
+              "with posix_fadvise) [default: warm,cold for reads, cold for writes].")
+@click.option("--repeats", type=click.IntRange(min=1), help=f"Runs of each type per scenario, taken in turn [default: "
+              f"{IO_DEFAULTS['repeats']}; with --quick {IO_QUICK['repeats']}].")
+@click.option("--batch", type=click.IntRange(min=0, max=65536), metavar="COUNT", help=f"The batch scenario: COUNT "
+              f"random reads of --batch-size at once (cmt, KvikIO: futures) [default: {IO_DEFAULTS['batch']}; with "
+              f"--quick {IO_QUICK['batch']}; 0: none].")
+@click.option("--batch-size", default="64K", show_default=True, metavar="SIZE", help="Bytes per read of the batch.")
+@click.option("--direct-streams", metavar="LIST", help=f"The disk's own limit: O_DIRECT passes with these numbers "
+              f"of streams; `off`: none [default: {IO_DEFAULTS['direct_streams']}; with --quick "
+              f"{IO_QUICK['direct_streams']}].")
+@click.option("--overwrite", is_flag=True, help="Let writes overwrite the file given with --file.")
+@_out_option("io")
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON result on stdout (the gdsio lines go to stderr).")
+@click.option("--no-plot", is_flag=True, help="Do not write the PNG plot.")
+@click.option("--quick", is_flag=True, help="A smoke run: a 64 MiB file, small I/Os, two repeats.")
+@config_option("Tuned file for cmt")
+def io_cmd(file_path, folder, device, threads, file_size, io_size, xfer, modes, random, duration, cache, repeats,
+           batch, batch_size, direct_streams, overwrite, out_dir, as_json, no_plot, quick, config_path):
+    """Storage to host or GPU memory, gdsio-style: CPU only, through host memory (pageable, pinned), cmt,
+    KvikIO and cuFile; warm and cold page cache; against the disk's own O_DIRECT limit."""
+    from . import io as io_bench
+    from . import io_files, io_report
+    from .io_xfer import XFER_TYPES
+    from .sizes import parse_size
+
+    d = IO_QUICK if quick else IO_DEFAULTS
+    plan = io_bench.plan_from_options(
+        xfer, modes, random, _given(threads, d["threads"]), _given(io_size, d["io_size"]), cache,
+        repeats or d["repeats"], duration, d["batch"] if batch is None else batch, batch_size,
+        _given(direct_streams, d["direct_streams"]), device)
+    size = parse_size(file_size) if file_size is not None else None
+    if (file_path is None) == (folder is None):
+        raise CmtError("give the test file (-f/--file FILE) or a folder to make it in (-D/--dir FOLDER)"
+                       + (", not both" if file_path else ""))
+    wants_gpu = any(XFER_TYPES[x].needs_gpu for x in plan.xfers)
+    if wants_gpu:
+        cuda.require_real_driver("cmt bench io")
+    selection, out = cfg.select(config_path), _out_path(out_dir)
+    drv = dev = gpu_missing = None
+    if wants_gpu:
+        try:
+            drv = cuda.load()
+        except CmtError as e:
+            gpu_missing = str(e)
+        else:
+            dev = drv.open_device(device)
+    from .. import machine as hw
+
+    machine = hw.fingerprint(drv, dev) if dev is not None else _host_fingerprint()
+    names, skipped = io_bench.available(plan.xfers, gpu_missing)
+    engine = None
+    if "cmt" in names:
+        try:
+            engine = _engine_info(selection)
+        except CmtError as e:
+            names.remove("cmt")
+            skipped["cmt"] = str(e)
+    for name, why in skipped.items():
+        click.echo(f"cmt bench io: skipping {name}: {why}", err=True)
+    if not names:
+        raise CmtError("no transfer type can run here (" + "; ".join(f"{k}: {v}" for k, v in skipped.items()) + ")",
+                       exit_code=1)
+
+    def emit(r: dict[str, Any]) -> None:
+        state = f"{r['cache']}, resident {100 * r['resident_before']:.0f}% -> {100 * r['resident_after']:.0f}%"
+        click.echo(f"{r['gdsio']}  ({state})", err=as_json)
+
+    def note(text: str) -> None:
+        click.echo(f"cmt bench io: {text}", err=True)
+
+    tf = io_files.prepare(file_path, folder, size, parse_size(d["file_size"]), "write" in plan.modes, overwrite)
+    note(f"test file {tf.path} ({format_size(tf.size)}, {tf.filesystem})")
+    try:
+        bench_ = io_bench.IoBench(plan, tf, names, drv, dev, emit, note)
+        bench_.run()
+    finally:
+        tf.discard()
+        if dev is not None:
+            drv.close_device(dev)
+    doc = io_report.document(bench_, plan, tf, skipped, machine, engine, quick)
+    _finish(doc, out, "io", as_json, no_plot, io_report.tables(doc), io_report.plot)
+    if bench_.failures:
+        raise CmtError(f"{len(bench_.failures)} failure{'s' if len(bench_.failures) > 1 else ''}, the first: "
+                       f"{bench_.failures[0]['xfer']}: {bench_.failures[0]['error']} (see {out / 'io.json'})",
+                       exit_code=1)
