@@ -61,6 +61,8 @@ struct Driver {
   PFN_cuLaunchHostFunc cuLaunchHostFunc = nullptr;
   PFN_cuStreamWaitValue32_v2 cuStreamWaitValue32 = nullptr;
   PFN_cuMemHostGetDevicePointer_v2 cuMemHostGetDevicePointer = nullptr;
+  // Optional: which NUMA node a GPU sits on (numa_place.hpp); without it nothing is placed.
+  PFN_cuDeviceGetPCIBusId cuDeviceGetPCIBusId = nullptr;
 };
 
 // Loads the driver table once. With `load_if_absent` false (the interposer), only a libcuda that

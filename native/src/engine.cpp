@@ -54,6 +54,7 @@ struct Pipeline {
   StagingRing ring;
   DmaStreams dma;
   LanePool::Run run;
+  NumaPlace place;  // the GPU's NUMA node, where its staging and workers sit (numa_place.hpp)
   Job job;
 };
 
@@ -107,6 +108,10 @@ void Engine::prepare(Pipeline* p) {
     // Like the workers: never an unsafe call in another thread's global-mode graph capture.
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     d.cuThreadExchangeStreamCaptureMode(&mode);
+    CUdevice dev = 0;
+    if (d.cuCtxGetDevice(&dev) == CUDA_SUCCESS) p->place = numa_place_for(dev);
+    numa_move_setup_thread(p->place);  // before the ring: its pinned pages come from the GPU's node
+    if (p->place.placed()) p->run.place = &p->place;
     const Settings most = active_plan().largest();
     const int slots = static_cast<int>(std::clamp<int64_t>(most.buffers, 1, kMaxBuffers));
     const size_t chunk = std::clamp(static_cast<size_t>(most.chunk_bytes), kMinChunk, kMaxChunk);

@@ -32,6 +32,7 @@ struct Env {
   size_t test_park_piece = 0;
   long test_park_us = 0;
   bool test_park_before = false;
+  std::string test_sysfs;  // sysfs=PATH: where the NUMA placement reads sysfs (a made-up tree)
 };
 
 // The parsed environment (read on first use, which the library's constructor makes its load).
