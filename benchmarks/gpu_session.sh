@@ -53,6 +53,7 @@ for mode in "${modes[@]}"; do
     ioacc) mkdir -p /tmp/cmt-io && timeout 200 python3 benchmarks/io_acceptance.py --dir /tmp/cmt-io \
              --out "$OUT/io-acceptance.json" 2>&1 | tail -20 ;;
     frameworks) COLUMNS=150 timeout 500 python3 -m cmt bench workloads --only safetensors-cuda,cupy,seed-jax,hf-load \
+                  --rounds ${ROUNDS:-3} \
                   --out "$OUT" 2>&1 | tail -40 ;;
     *) echo "unknown mode $mode (install, tests, core, copy, load, doctor, io, ioacc, frameworks, all)"; false ;;
   esac || { status=1; echo "== $mode failed"; }

@@ -218,6 +218,28 @@ def test_runner_statuses_and_speedups(fake_workloads, tmp_path: Path):
     assert table.row_count == len(fake_workloads)
 
 
+def test_rounds_take_plain_and_cmt_in_turn_and_report_medians(tmp_path: Path):
+    # Each run reports the next value of a counter kept in a file, as its inner time: the runs' order
+    # is then plain 1, cmt 2, plain 3, cmt 4, plain 5, cmt 6.
+    script = tmp_path / "counter.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, os
+        path = {str(tmp_path / "n")!r}
+        n = int(open(path).read()) + 1 if os.path.exists(path) else 1
+        open(path, "w").write(str(n))
+        print(json.dumps({{"inner_s": float(n), "bytes": 1}}))
+    """))
+    phases = []
+    entry = workload_runner.run_workload(workloads.Workload("counter", str(script), "counts"),
+                                         workload_runner.SuiteOptions(timeout_s=60, rounds=3), tmp_path,
+                                         phases.append, prepare=False)
+    assert phases == ["plain", "cmt"] * 3
+    assert entry["plain"]["rounds_inner_s"] == [1.0, 3.0, 5.0] and entry["cmt"]["rounds_inner_s"] == [2.0, 4.0, 6.0]
+    assert entry["plain"]["inner_s"] == 3.0 and entry["cmt"]["inner_s"] == 4.0
+    assert entry["speedup_inner"] == 0.75 and entry["speedup_inner_rounds"] == [0.5, 0.75, round(5 / 6, 4)]
+    assert len(entry["plain"]["rounds_wall_s"]) == 3 and entry["rounds"] == 3
+
+
 def test_runner_timeout(tmp_path: Path):
     script = tmp_path / "slow.py"
     script.write_text("import time; time.sleep(30)\n")
