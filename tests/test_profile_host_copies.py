@@ -41,6 +41,8 @@ PROGRAM = r"""
 #include <cstdlib>
 #include <cstring>
 #include <vector>
+#include <sys/wait.h>
+#include <unistd.h>
 extern "C" CUresult cuInit(unsigned);
 extern "C" int lib_copy(void*, const void*, size_t);
 extern "C" int lib_move(void*, const void*, size_t);
@@ -55,6 +57,15 @@ int main(int argc, char** argv) {
   sum += lib_copy(b.data(), a.data(), 3 * mib);                                // below 4 MiB: not seen
   copy_fn(a.data(), b.data(), 6 * mib);                                        // the program's own
   lib_move(a.data() + mib, a.data(), 8 * mib);                                 // overlapping
+  if (argc > 1) {  // a forked child names the library again in its own recording
+    pid_t child = fork();
+    if (child == 0) {
+      lib_copy(b.data(), a.data(), 16 * mib);
+      _exit(0);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+  }
   printf("%d\n", sum);
   return 0;
 }
@@ -121,6 +132,17 @@ def test_the_text_report_and_the_trace_show_them(profiled, cmt_profile):  # noqa
     host = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"].startswith("h2h")]
     assert len(host) == 7  # once each, on its thread's track (no stream)
     assert sum(e["args"]["caller"].endswith("libbigcopy.so") for e in host) == 6
+
+
+def test_a_forked_child_names_its_callers_in_its_own_recording(program, cmt_profile, tmp_path):  # noqa: F811
+    res = cmt_profile("--config", program / "tuned.json", "--out", tmp_path / "fork.cmtprof", "--",
+                      program / "copier", "fork")
+    assert res.returncode == 0, res.stderr
+    parent, child = sorted(recording.read(tmp_path / "fork.cmtprof").processes, key=lambda p: p.forked)
+    assert child.forked and child.ppid == parent.pid
+    c = recording.Recording([child]).copies()
+    assert list(c.caller) == [str(program / "libbigcopy.so")] and list(c.outcome) == ["forked_child"]
+    assert sorted(set(parent.callers.values())) == [str(program / "copier"), str(program / "libbigcopy.so")]
 
 
 def test_a_process_without_cuda_shows_its_host_copies_as_left_to_libc(cmt_profile, tmp_path):  # noqa: F811

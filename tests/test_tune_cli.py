@@ -282,6 +282,8 @@ def _check_real(conf: cfg.TunedConfig) -> None:
         rules = conf.rules[d]
         assert rules[0].passes and rules[-1].figures["gain"] > 1.5, rules  # large copies: well above the driver
         assert rules[1].min_bytes >= 64 << 10  # tiny copies pass through
+    host = conf.rules["h2h"]  # large host memcpy: measured, split from some size up or off
+    assert host[0].passes and all(not r.passes and r.figures["gain"] > 1 for r in host[1:]), host
 
 
 @pytest.mark.gpu
