@@ -151,6 +151,9 @@ class _Job:
             drv.close_device(dev)
         self.written = cfg.save(config, path)
         Console().print(self._table(path))
+        if any(r.direction == "h2h" for r in self.rows):
+            click.echo("h2h: host memcpy; 'driver' is one thread's, 'after' cmt's threads from the threshold up",
+                       err=True)
         tuning = config.extra["tuning"]
         click.echo(f"wrote {path} ({self.kind} search: {tuning['seconds']:.0f} s, {tuning['copies']:,} copies)",
                    err=True)
