@@ -51,7 +51,7 @@ WORKLOADS: tuple[Workload, ...] = (
     Workload("dcp-async-save", "dcp_async_save.py", "torch.distributed.checkpoint async_save of a GPU model"),
     Workload("activation-offload", "activation_offload.py", "training steps with save_on_cpu activation offload"),
     Workload("dataloader", "dataloader.py", "a DataLoader feeding pageable batches to the GPU"),
-    # model-load: each loader of _loaders.py over one 4.0 GB safetensors model, from the page cache and the disk
+    # model-load: each loader of _loaders.py over one 3.9 GB safetensors model, from the page cache and the disk
     *(Workload(f"model-load-{name}-{cache}", "model_load.py", f"{loader.label}, {cache} page cache", prepare=True,
                args=("--loader", name, "--cache", cache), family="model-load")
       for name, loader in LOADERS.items()

@@ -1,7 +1,7 @@
 """The loaders the model-load workloads compare, each the way its users call it: a function from the
 model's file to a dict of bf16 tensors on the GPU. `needs` is the module whose absence makes the
 workload a skip; `source` says which file it reads (the safetensors file, or its torch.save copy).
-HF from_pretrained is the hf-load workload (the same Llama shape at 4.0 GB), not repeated here."""
+HF from_pretrained is the hf-load workload (the same Llama shape and size), not repeated here."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The model of the model-load workloads: a Llama-shaped set of bf16 tensors with random weights, one
-safetensors file (4.0 GB; --quick 0.5 GB), made once in the family's shared work folder.
+safetensors file (3.9 GB; --quick 0.5 GB), made once in the family's shared work folder.
 
 Each tensor's bits come from its own seeded CUDA generator, so a loaded model is checked exactly by
 making the same bits again on the GPU: no reference copy, no host work. Also here: the page cache
@@ -24,7 +24,7 @@ def layers(quick: bool) -> int:
 
 
 def shapes(quick: bool) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape, in the order of a Llama checkpoint (4.0 GB of bf16 with 30 layers)."""
+    """Tensor name -> shape, in the order of a Llama checkpoint (3.9 GB of bf16 with 30 layers)."""
     out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (VOCAB, HIDDEN)}
     for i in range(layers(quick)):
         p = f"model.layers.{i}."

@@ -1,5 +1,5 @@
 """model-load-cpp-warm: a C++ loader (cpp_read_copy.cpp) that std::ifstream::reads the model-load
-family's 4.0 GB safetensors file (--quick 0.5 GB), in the page cache, tensor by tensor into one
+family's 3.9 GB safetensors file (--quick 0.5 GB), in the page cache, tensor by tensor into one
 reused pageable buffer and cudaMemcpys each to the GPU; it checks the GPU's bytes against a checksum
 of the file. Built with g++ against the CUDA runtime (found beside nvcc, under CUDA_HOME or
 /usr/local/cuda, or in the nvidia pip packages); without one the workload is a skip. The program's

@@ -1,4 +1,4 @@
-"""model-load: one loader (--loader, _loaders.py) reading the 4.0 GB Llama-shaped model (_model.py;
+"""model-load: one loader (--loader, _loaders.py) reading the 3.9 GB Llama-shaped model (_model.py;
 --quick 0.5 GB) onto the GPU, from the page cache (--cache warm) or from the disk (--cache cold:
 evicted with posix_fadvise before the timer; what stayed resident is reported). Every tensor is then
 checked bit for bit against its seeded generator. The family's workloads share one work folder, so
