@@ -56,6 +56,8 @@ def _device(device: Any) -> torch.device:
             raise RuntimeError(f"device {device!r}: PyTorch sees no CUDA GPU")
         if dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
+        if dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: PyTorch sees {torch.cuda.device_count()} GPU(s)")
     elif dev.type != "cpu":
         raise ValueError(f"device {device!r}: cmt.io loads into CUDA or CPU memory only")
     return dev
