@@ -170,6 +170,12 @@ def test_bad_files_fail_before_any_allocation(tmp_path):
                 raise AssertionError(path)
             except (ValueError, OSError) as e:
                 assert path in str(e) and problem in str(e), e
+        for device in ("cuda:99", "meta", "nonsense"):
+            try:
+                cmt.io.load_safetensors("m.safetensors", device=device)
+                raise AssertionError(device)
+            except ValueError as e:
+                assert device in str(e), e
         assert torch.cuda.memory_allocated() == before
         print("OK errors")
     """, tmp_path)
