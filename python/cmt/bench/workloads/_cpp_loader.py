@@ -78,7 +78,7 @@ def plan(model: Path) -> Path:
         h = read_header(model)
         lines = [str(model), f"{h.data_start} {h.data_size} {checksum(model, h.data_start, h.data_size)}"]
         lines += [f"{t.begin} {t.end}" for t in h.tensors.values()]
-        tmp = out.with_suffix(".tmp")
+        tmp = out.with_suffix(".cpp-plan.tmp")
         tmp.write_text("\n".join(lines) + "\n")
         os.replace(tmp, out)
     return out
