@@ -57,7 +57,7 @@ for mode in "${modes[@]}"; do
     frameworks) COLUMNS=150 timeout 500 python3 -m cmt bench workloads --only safetensors-cuda,cupy,seed-jax,hf-load \
                   --out "$OUT" 2>&1 | tail -40 ;;
     models) only=$(python3 -c 'from cmt.bench import workloads as w; print(",".join(n for n in w.names() if n.startswith("model-load")))')
-            COLUMNS=150 timeout 580 python3 -m cmt bench workloads --only "$only" ${QUICK:+--quick} --out "$OUT" 2>&1 |
+            COLUMNS=150 timeout 540 python3 -m cmt bench workloads --only "$only" ${QUICK:+--quick} --out "$OUT" 2>&1 |
               tail -40 ;;
     *) echo "unknown mode $mode (install, tests, core, copy, load, doctor, io, ioacc, frameworks, models, all)"; false ;;
   esac || { status=1; echo "== $mode failed"; }
