@@ -118,7 +118,7 @@ def run_workload(w: Workload, opts: SuiteOptions, work_dir: Path,
                  on_phase: Callable[[str], None] | None = None, prepare: bool | None = None) -> dict[str, Any]:
     """Prepare (if `prepare`, by default the workload's own flag), then plain and cmt runs in turn,
     `opts.rounds` times: the workload's entry for the result file."""
-    script = [sys.executable, str(w.path), "--work-dir", str(work_dir), *(["--quick"] if opts.quick else [])]
+    script = [sys.executable, str(w.path), *w.args, "--work-dir", str(work_dir), *(["--quick"] if opts.quick else [])]
     config = ["--config", opts.config_path] if opts.config_path else []
     under_cmt = [sys.executable, "-m", "cmt", "run", *config, "--", *script]
     entry: dict[str, Any] = {"name": w.name, "description": w.description}
@@ -162,8 +162,8 @@ def run_suite(workloads: Sequence[Workload], opts: SuiteOptions,
     with tempfile.TemporaryDirectory(prefix="cmt-bench-workloads-", dir=opts.work_dir) as tmp:
         entries = []
         for i, w in enumerate(workloads):
-            scratch = Path(tmp) / w.name
-            scratch.mkdir()
+            scratch = Path(tmp) / (w.family or w.name)  # a family's workloads share their input files
+            scratch.mkdir(exist_ok=True)
             entry = run_workload(w, opts, scratch, (lambda phase, w=w: on_phase(w, phase)) if on_phase else None,
                                  prepare=w.prepare or i == 0)
             entries.append(entry)
