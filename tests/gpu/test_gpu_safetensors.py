@@ -4,11 +4,9 @@ tensor at an unaligned offset, the lazy handle. Each case runs in a subprocess (
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-
 import pytest
+
+from .child import run_child
 
 pytestmark = pytest.mark.gpu
 
@@ -16,11 +14,6 @@ _PRELUDE = """
 import json, os, struct, torch, cmt.io
 from safetensors.torch import load_file, save_file
 assert torch.cuda.is_available()
-
-def evict(path):
-    fd = os.open(path, os.O_RDONLY)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
 
 def raw(t):
     return t.reshape(-1).view(torch.uint8)  # the bytes, for dtypes torch.equal cannot compare
@@ -56,12 +49,7 @@ def every_dtype(seed, big=0):
 
 
 def run_python(code: str, tmp_path, timeout: int = 300) -> str:
-    pytest.importorskip("torch")
-    pytest.importorskip("safetensors")
-    proc = subprocess.run([sys.executable, "-c", _PRELUDE + textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=timeout, cwd=tmp_path)
-    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    return proc.stdout
+    return run_child(_PRELUDE, code, tmp_path, timeout, needs=("torch", "safetensors"))
 
 
 def test_every_dtype_warm_and_cold_as_safetensors_loads_it(tmp_path):
