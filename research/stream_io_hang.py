@@ -1,6 +1,9 @@
 """Finds where File.read_async hangs on the real driver: runs variants of the GPU test's scenario in
 children with a time limit; a child that hangs gets its threads' backtraces from cuda-gdb."""
-import os, subprocess, sys, textwrap, time
+import os
+import subprocess
+import sys
+import textwrap
 
 PRE = """
 import faulthandler, sys, time, os, torch, cmt.io
