@@ -8,7 +8,7 @@ import textwrap
 PRE = """
 import faulthandler, sys, time, os, torch, cmt.io
 faulthandler.dump_traceback_later(40, exit=False)
-size = 256 << 20
+size = int(os.environ.get('HANG_MB', '256')) << 20
 if not os.path.exists('data.bin'):
     ref = torch.randint(0, 256, (size,), dtype=torch.uint8, device='cuda')
     open('data.bin', 'wb').write(ref.cpu().numpy().tobytes())
@@ -51,6 +51,20 @@ with cmt.io.open('data.bin', 'r') as f:
         same = torch.equal(dst, ref)
     s.synchronize()
     print('bytes', fut.check_bytes_done(timeout=30), 'same', same, flush=True)
+""",
+    "loop": """
+with cmt.io.open('data.bin') as f:
+    f.read(ref)
+    for i in range(4):
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(100_000_000)
+            dst.zero_()
+            t0 = time.perf_counter()
+            fut = f.read_async(dst, s)
+            us = (time.perf_counter() - t0) * 1e6
+            same = torch.equal(dst, ref)
+        s.synchronize()
+        print('round', i, 'returned us', round(us), 'bytes', fut.check_bytes_done(timeout=30), 'same', same, flush=True)
 """,
     "legacy": """
 with cmt.io.open('data.bin', 'r') as f:
