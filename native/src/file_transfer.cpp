@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "bounce_pool.hpp"
 #include "driver.hpp"
 #include "engine.hpp"
 #include "log.hpp"
@@ -21,7 +22,7 @@ namespace cmt {
 namespace {
 
 // The bounce buffer of the path through the driver, when the engine has no pipeline for the copy.
-constexpr size_t kBounceBytes = size_t(4) << 20;
+constexpr size_t kDriverBounceBytes = size_t(4) << 20;
 
 // A private non-blocking stream per context: what the engine orders its end of a file-to-device
 // copy on, and what the transfer then waits for (the DMAs still in flight). Never destroyed.
@@ -44,11 +45,11 @@ CUresult copy_through_driver(const Driver& d, Direction dir, CUdeviceptr device,
                              FileEnd& end) {
   log::debug_once(0x903, "the staging pipeline is not available: a file transfer goes through the driver");
   void* raw = nullptr;
-  if (posix_memalign(&raw, 4096, kBounceBytes) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (posix_memalign(&raw, 4096, kDriverBounceBytes) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
   char* buf = static_cast<char*>(raw);
   CUresult r = CUDA_SUCCESS;
-  for (size_t off = 0; off < bytes && r == CUDA_SUCCESS; off += kBounceBytes) {
-    const size_t n = std::min(kBounceBytes, bytes - off);
+  for (size_t off = 0; off < bytes && r == CUDA_SUCCESS; off += kDriverBounceBytes) {
+    const size_t n = std::min(kDriverBounceBytes, bytes - off);
     if (dir == Direction::HtoD) {
       r = end.fill(buf, off, n, false);
       if (r == CUDA_SUCCESS) r = d.cuMemcpyHtoDAsync(device + off, buf, n, stream);
@@ -68,15 +69,8 @@ void fail_cuda(IoResult* res, CUresult r) {
   res->cu_result = r;
 }
 
-// One engine copy of [part_off, part_off + len) of the request; false with *res set on failure.
-bool copy_part(const Driver& d, const IoRequest& q, CUcontext ctx, CUstream stream, uint64_t part_off, size_t len,
-               IoResult* res) {
-  FileEnd end(*q.file, q.file_off + part_off);
-  CopyRequest req{q.dir, ctx, nullptr, q.device + part_off, len, stream, q.settings, &end};
-  CUresult r = engine_copy(req);
-  if (r == CUDA_ERROR_NOT_READY && !end.failed()) r = copy_through_driver(d, q.dir, req.device, len, stream, end);
-  // A file-to-device copy returns once its bytes are staged: the transfer is done once its DMAs are.
-  if (r == CUDA_SUCCESS && q.dir == Direction::HtoD) r = d.cuStreamSynchronize(stream);
+// What the file's end and the copy came to, into *res; false on failure (the file's error first).
+bool settle(const FileEnd& end, CUresult r, IoResult* res) {
   res->direct_bytes += static_cast<int64_t>(end.direct_bytes());
   res->buffered_bytes += static_cast<int64_t>(end.buffered_bytes());
   if (end.failed()) {
@@ -90,6 +84,76 @@ bool copy_part(const Driver& d, const IoRequest& q, CUcontext ctx, CUstream stre
     return false;
   }
   return true;
+}
+
+// One engine copy of [part_off, part_off + len) of the request; false with *res set on failure.
+bool copy_part(const Driver& d, const IoRequest& q, CUcontext ctx, CUstream stream, uint64_t part_off, size_t len,
+               IoResult* res) {
+  FileEnd end(*q.file, q.file_off + part_off);
+  CopyRequest req{q.dir, ctx, nullptr, q.device + part_off, len, stream, q.settings, &end};
+  CUresult r = engine_copy(req);
+  if (r == CUDA_ERROR_NOT_READY && !end.failed()) r = copy_through_driver(d, q.dir, req.device, len, stream, end);
+  // A file-to-device copy returns once its bytes are staged: the transfer is done once its DMAs are.
+  if (r == CUDA_SUCCESS && q.dir == Direction::HtoD) r = d.cuStreamSynchronize(stream);
+  return settle(end, r, res);
+}
+
+// Keeps the calling thread out of other threads' global-mode graph captures for the scope (as the
+// engine's lanes are): its allocations, copies and synchronisations are not theirs.
+class RelaxedCapture {
+ public:
+  explicit RelaxedCapture(const Driver& d) : d_(d) {
+    exchanged_ = d_.cuThreadExchangeStreamCaptureMode(&mode_) == CUDA_SUCCESS;
+  }
+  ~RelaxedCapture() {
+    if (exchanged_) d_.cuThreadExchangeStreamCaptureMode(&mode_);
+  }
+
+ private:
+  const Driver& d_;
+  CUstreamCaptureMode mode_ = CU_STREAM_CAPTURE_MODE_RELAXED;
+  bool exchanged_ = false;
+};
+
+enum class Moved { Done, Failed, NoBuffer };
+
+// A small transfer (kSmallIoBytes) through one bounce buffer: the file's bytes read into it and one
+// DMA on the buffer's own stream, waited for; a write the other way round. Its `head` (the bytes up
+// to the first aligned file offset) goes as a piece of its own, as the engine's path does, and the
+// bytes lie in the buffer so that those after the head start at an aligned address: the rest can go
+// O_DIRECT (FileEnd decides, per piece). NoBuffer when the context has no buffer to give.
+Moved bounce_transfer(const Driver& d, const IoRequest& q, CUcontext ctx, uint64_t bytes, uint64_t head,
+                      IoResult* res) {
+  RelaxedCapture relaxed(d);
+  Bounce* b = bounce_take(ctx, q.may_set_up);
+  if (!b) return Moved::NoBuffer;
+  const size_t a = q.file->align();
+  char* data = b->mem;
+  if (2 * a <= kBounceRoom) {  // else (an unusual alignment) FileEnd may find them unaligned: buffered
+    const uintptr_t at = reinterpret_cast<uintptr_t>(b->mem);
+    data = b->mem + ((a - at % a) % a) + (head ? a - head : 0);
+  }
+  FileEnd end(*q.file, q.file_off);
+  auto piece = [&](uint64_t off, uint64_t len) {
+    return q.dir == Direction::HtoD ? end.fill(data + off, off, len, false) : end.drain(data + off, off, len, false);
+  };
+  auto file_side = [&] {  // the head, then the rest; a failure stops it (FileEnd keeps the error)
+    if ((head == 0 || piece(0, head) == CUDA_SUCCESS) && head < bytes) piece(head, bytes - head);
+  };
+  CUresult r = CUDA_SUCCESS;
+  if (q.dir == Direction::HtoD) {
+    file_side();
+    if (!end.failed()) {
+      r = d.cuMemcpyHtoDAsync(q.device, data, bytes, b->stream);
+      if (r == CUDA_SUCCESS) r = d.cuStreamSynchronize(b->stream);
+    }
+  } else {
+    r = d.cuMemcpyDtoHAsync(data, q.device, bytes, b->stream);
+    if (r == CUDA_SUCCESS) r = d.cuStreamSynchronize(b->stream);
+    if (r == CUDA_SUCCESS) file_side();
+  }
+  bounce_give(b);
+  return settle(end, r, res) ? Moved::Done : Moved::Failed;
 }
 
 struct DeviceRange {
@@ -141,7 +205,14 @@ bool file_transfer_prepare(const IoRequest& q) {
   DeviceRange range;
   if (!d.ok || !query_device(d, q.device, &range) || !range.ctx) return false;
   ContextScope scope(d, range.ctx);
-  return scope.ok() && private_stream(d, range.ctx) && engine_prepare(range.ctx, q.settings);
+  if (!scope.ok()) return false;
+  // A small transfer needs only a bounce buffer; a larger one the engine (as a small one does when
+  // its context can have no buffer).
+  if (q.bytes <= kSmallIoBytes) {
+    RelaxedCapture relaxed(d);
+    if (bounce_prepare(range.ctx)) return true;
+  }
+  return private_stream(d, range.ctx) && engine_prepare(range.ctx, q.settings);
 }
 
 IoResult file_transfer(const IoRequest& q) {
@@ -184,16 +255,20 @@ IoResult file_transfer(const IoRequest& q) {
     bytes = q.file_off >= size ? 0 : std::min<uint64_t>(bytes, size - q.file_off);
     if (bytes == 0) return res;
   }
-  CUstream stream = private_stream(d, range.ctx);
-  if (!stream) {
-    fail_cuda(&res, CUDA_ERROR_OUT_OF_MEMORY);
-    return res;
-  }
   // The bytes up to the first aligned file offset first, on their own: the rest starts aligned.
   const size_t a = file.align();
   const uint64_t head = file.may_direct() && q.file_off % a ? std::min<uint64_t>(bytes, a - q.file_off % a) : 0;
-  bool ok = head == 0 || copy_part(d, q, range.ctx, stream, 0, head, &res);
-  if (ok && head < bytes) ok = copy_part(d, q, range.ctx, stream, head, bytes - head, &res);
+  const Moved small = bytes <= kSmallIoBytes ? bounce_transfer(d, q, range.ctx, bytes, head, &res) : Moved::NoBuffer;
+  bool ok = small == Moved::Done;
+  if (small == Moved::NoBuffer) {  // a large transfer (or no bounce buffer to be had): the engine
+    CUstream stream = private_stream(d, range.ctx);
+    if (!stream) {
+      fail_cuda(&res, CUDA_ERROR_OUT_OF_MEMORY);
+      return res;
+    }
+    ok = head == 0 || copy_part(d, q, range.ctx, stream, 0, head, &res);
+    if (ok && head < bytes) ok = copy_part(d, q, range.ctx, stream, head, bytes - head, &res);
+  }
   if (ok) {
     res.done = static_cast<int64_t>(bytes);
     return res;

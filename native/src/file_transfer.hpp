@@ -1,12 +1,16 @@
 // One transfer between a file and device memory, synchronous: the storage path's core, which the
 // C API (io_api.cpp) calls directly and the stream-ordered API (stream_io.hpp) from its thread.
 //
-// It is an engine copy whose host end is the file (file_end.hpp): the engine's lanes, staging ring,
-// DMA stream and CPU budget, as for a memory copy. A file offset that is not aligned for direct I/O
-// gets its first bytes up to the alignment as a copy of their own, so that the rest starts aligned
-// and its pieces can go O_DIRECT. Reads stop at the end of the file (the bytes read are returned, 0
-// at or past it, as pread does). A write that fails (a full disk, the file size limit) leaves the
-// file at the size it had before, if it had grown.
+// A transfer larger than kSmallIoBytes is an engine copy whose host end is the file (file_end.hpp):
+// the engine's lanes, staging ring, DMA stream and CPU budget, as for a memory copy. A smaller one
+// goes through a pinned bounce buffer of its own (bounce_pool.hpp): the file's bytes read into it
+// (FileEnd again: O_DIRECT where aligned and not cached), then one DMA on the buffer's stream,
+// waited for; a write the other way round. Many such transfers run at once, and none waits for the
+// engine's pipeline, which carries one copy at a time per GPU. A file offset that is not aligned
+// for direct I/O gets its first bytes up to the alignment as a piece of their own, so that the rest
+// starts aligned and can go O_DIRECT. Reads stop at the end of the file (the bytes read are
+// returned, 0 at or past it, as pread does). A write that fails (a full disk, the file size limit)
+// leaves the file at the size it had before, if it had grown.
 #pragma once
 #include <cstdint>
 
@@ -16,6 +20,14 @@
 #include "types.hpp"
 
 namespace cmt {
+
+// Transfers of at most this many bytes (after a read is cut at the end of the file) go through a
+// bounce buffer rather than the engine. Up to 1 MiB the engine has no pipeline to offer: with the
+// files' 8 MiB chunks its first block is 1 MiB, so such a copy is one block, staged and then DMA'd
+// once, as here, but paying the engine's fixed costs per copy (waking lanes, an event, the wait for
+// the pipeline behind any other copy to that GPU); the copy path passes copies below 1 MiB to the
+// driver for the same reason (plan.cpp), and KvikIO's threshold for POSIX over GDS is 1 MiB too.
+constexpr uint64_t kSmallIoBytes = uint64_t(1) << 20;
 
 // What became of a transfer, laid out as the C API's struct cmt_io_result (io_api.cpp).
 enum IoStatus : int32_t {
@@ -50,12 +62,16 @@ struct IoRequest {
   // buffer that a kernel on it is still writing is not read too early. The stream-ordered API does
   // not (its order is the caller's stream's).
   bool wait_legacy = true;
+  // False in the stream-ordered I/O thread: no pinned memory or streams may be made there (they
+  // deadlocked on the real driver); file_transfer_prepare made what the transfer needs beforehand.
+  bool may_set_up = true;
 };
 
 IoResult file_transfer(const IoRequest& req);
 
-// Does, in the calling thread, the first-use setup that file_transfer(req) would need (the
-// context's private stream, the engine's pipeline and staging for req.settings). The
+// Does, in the calling thread, the first-use setup that file_transfer(req) would need (a small
+// transfer's first bounce buffer; else the context's private stream, the engine's pipeline and
+// staging for req.settings). The
 // stream-ordered API calls it before it queues a transfer: on the real driver, creating a stream in
 // the I/O thread while the caller's thread launches work onto the waiting stream deadlocked
 // (docs/storage.md). False if the engine cannot take it (the transfer then goes through the driver).

@@ -91,6 +91,10 @@ API_EXPORT int cmt_io_default_settings(Settings* out) {
   return static_cast<int>(sizeof(Settings) / sizeof(int64_t));
 }
 
+// Transfers of at most this many bytes go through a bounce buffer of their own, not the engine
+// (file_transfer.hpp, kSmallIoBytes): the futures run them on a pool of their own.
+API_EXPORT uint64_t cmt_io_small_bytes() { return kSmallIoBytes; }
+
 // File to device memory: up to `bytes` from `file_off` (fewer at the end of the file). Returns the
 // status; *out says the rest. Waits for the legacy default stream's work first, and returns with
 // the bytes in device memory.

@@ -188,6 +188,7 @@ StreamOp* stream_io_submit(const IoRequest& req, CUstream stream, IoResult* fail
   auto* op = new StreamOp;
   op->req = req;
   op->req.wait_legacy = false;  // the stream orders it
+  op->req.may_set_up = false;   // what it needs was made above, by file_transfer_prepare
   op->worker = worker_for(ctx);
   CUdeviceptr flag = 0;
   const bool wait_value = d.cuStreamWaitValue32 && d.cuMemHostGetDevicePointer && !g_no_wait_value.load();

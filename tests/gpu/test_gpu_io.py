@@ -109,3 +109,38 @@ def test_stream_ordered_read_and_write_follow_their_streams_kernels(tmp_path):
         print('OK stream ordering')
     """, tmp_path)
     assert "OK stream ordering" in out
+
+
+def test_small_transfers_many_at_once_and_stream_ordered_on_a_busy_stream(tmp_path):
+    # Transfers of up to 1 MiB go through bounce buffers, not the engine. The process's first one is
+    # stream-ordered on a stream that a kernel keeps busy: its bounce buffer and stream are made when
+    # it is queued, not in the I/O thread (where making them deadlocked behind the waiting stream).
+    out = run_python("""
+        size = 64 << 20
+        ref = torch.randint(0, 256, (size,), dtype=torch.uint8, device='cuda')
+        with open('data.bin', 'wb') as g:
+            g.write(ref.cpu().numpy().tobytes())
+        s = torch.cuda.Stream()
+        dst = torch.zeros(1 << 20, dtype=torch.uint8, device='cuda')
+        with cmt.io.open('data.bin', 'r+') as f:
+            with torch.cuda.stream(s):
+                torch.cuda._sleep(200_000_000)
+                rf = f.read_async(dst, s, size=(1 << 20) - 5, file_offset=4097)
+                seen = dst.clone()                       # after the read, on the same stream
+                wf = f.write_async(dst, s, size=12345, file_offset=size + 3)
+            assert rf.check_bytes_done(timeout=60) == (1 << 20) - 5 and wf.check_bytes_done(timeout=60) == 12345
+            s.synchronize()
+            assert torch.equal(seen[:(1 << 20) - 5], ref[4097:4097 + (1 << 20) - 5])
+            evict('data.bin')
+            small = torch.zeros(256 * 65536, dtype=torch.uint8, device='cuda')
+            futs = [f.pread(small, 65536 - i, file_offset=i * 65536 + i, dev_offset=i * 65536) for i in range(256)]
+            assert [fu.get() for fu in futs] == [65536 - i for i in range(256)]
+            for i in range(256):
+                n = 65536 - i
+                assert torch.equal(small[i * 65536:i * 65536 + n], ref[i * 65536 + i:i * 65536 + i + n]), i
+        with open('data.bin', 'rb') as g:
+            g.seek(size + 3)
+            assert g.read() == ref[4097:4097 + 12345].cpu().numpy().tobytes()
+        print('OK small')
+    """, tmp_path)
+    assert "OK small" in out

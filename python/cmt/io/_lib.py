@@ -50,11 +50,19 @@ def lib() -> ctypes.CDLL:
         "cmt_io_release": ([c_void_p], None),
         "cmt_io_counters": ([POINTER(c_int64), c_int], c_int),
         "cmt_io_resident_fraction": ([c_int, c_uint64, c_uint64], c_double),
+        "cmt_io_small_bytes": ([], c_uint64),
     }
     for name, (argtypes, restype) in protos.items():
         fn = getattr(so, name)
         fn.argtypes, fn.restype = argtypes, restype
     return so
+
+
+@cache
+def small_bytes() -> int:
+    """Transfers of at most this many bytes go through a pinned bounce buffer of their own, many at
+    once, rather than the engine (native/src/file_transfer.hpp, kSmallIoBytes)."""
+    return int(lib().cmt_io_small_bytes())
 
 
 def default_settings() -> dict[str, int | str]:

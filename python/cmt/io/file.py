@@ -2,7 +2,8 @@
 
 Device buffers go through cmt's engine (native/src/file_transfer.hpp): the engine's threads read
 the file into its pinned staging buffers while the copy engine moves them to the GPU, and the other
-way round. Host buffers need no GPU: they are read and written here with preadv/pwritev."""
+way round; transfers of up to 1 MiB go through a pinned bounce buffer of their own instead, many at
+once. Host buffers need no GPU: they are read and written here with preadv/pwritev."""
 
 from __future__ import annotations
 
@@ -204,7 +205,7 @@ class File:
 
     def _future(self, t: _Transfer) -> futures.IOFuture:
         try:
-            return futures.submit(lambda: self._run(t), keep=t.buf.keep)
+            return futures.submit(lambda: self._run(t), keep=t.buf.keep, small=t.size <= _lib.small_bytes())
         except BaseException:
             self._done()
             raise

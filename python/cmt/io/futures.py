@@ -1,9 +1,11 @@
 """Futures of reads and writes that run in the background (File.pread, File.pwrite, Batch).
 
-They run on one small pool of threads shared by the process: each thread only calls into the native
-library (which lets go of the GIL), where the engine's lanes do the work. Many futures at once queue
-on the pool; none starts a thread of its own. The engine carries one transfer at a time per GPU, so
-more threads than these would only wait."""
+They run on two small pools of threads shared by the process: each thread only calls into the
+native library (which lets go of the GIL). Many futures at once queue on the pools; none starts a
+thread of its own. Small transfers (up to _lib.small_bytes(), 1 MiB) have a pool of their own: each
+is a pread into a pinned bounce buffer and one DMA, many run at once, and none waits behind a bulk
+transfer queued before it. Larger ones go through the engine's lanes, and the engine carries one
+transfer at a time per GPU, so more threads than these would only wait."""
 
 from __future__ import annotations
 
@@ -12,17 +14,21 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-_POOL_THREADS = 8
-_pool: ThreadPoolExecutor | None = None
+_POOL_THREADS = 8  # bulk transfers: the engine's, one at a time per GPU
+# Small ones: reads in flight at once (the disk's queue, or copies out of the page cache on as many
+# CPUs), as many as KvikIO's pool in `cmt bench io`; each holds one of its GPU's bounce buffers.
+_SMALL_THREADS = 8
+_pools: dict[bool, ThreadPoolExecutor] = {}
 _pool_lock = threading.Lock()
 
 
-def _executor() -> ThreadPoolExecutor:
-    global _pool
+def _executor(small: bool) -> ThreadPoolExecutor:
     with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=_POOL_THREADS, thread_name_prefix="cmt-io")
-        return _pool
+        pool = _pools.get(small)
+        if pool is None:
+            pool = _pools[small] = ThreadPoolExecutor(max_workers=_SMALL_THREADS if small else _POOL_THREADS,
+                                                      thread_name_prefix="cmt-io-small" if small else "cmt-io")
+        return pool
 
 
 class IOFuture:
@@ -54,6 +60,6 @@ class IOFuture:
         self._future.add_done_callback(lambda _f: fn(self))
 
 
-def submit(work: Callable[[], int], keep: Any = None) -> IOFuture:
-    """Runs `work` on the shared pool."""
-    return IOFuture(_executor().submit(work), keep)
+def submit(work: Callable[[], int], keep: Any = None, small: bool = False) -> IOFuture:
+    """Runs `work` on the shared pool: the small transfers' pool if `small`."""
+    return IOFuture(_executor(small).submit(work), keep)
