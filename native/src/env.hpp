@@ -20,6 +20,8 @@ struct Env {
   long node_threads = 0;       // CMT_NODE_THREADS: copy threads of all this user's processes (0: usable CPUs)
   long node_pinned_mb = 0;     // CMT_NODE_PINNED_MB: their pinned staging (0: a quarter of the memory)
   Prefault prefault = Prefault::HugePopulate;  // CMT_PREFAULT=huge|populate|none
+  bool from_file = true;       // CMT_FROM_FILE=0: copies from file mappings come from memory (mapped_copy.hpp)
+  long read_threshold = 4L << 20;  // CMT_READ_THRESHOLD: reads of files split over the lanes from this size; 0 off
   std::string plan;         // CMT_PLAN (internal): the tuned file's rules, from `cmt run`
   std::string profile_dir;  // CMT_PROFILE_DIR (internal): where `cmt profile` records
   // CMT_TEST_HOOKS (internal, for the tests alone): "piece=BYTES,late_start_us=US,guard=0,wait_setup=1,park_..."
@@ -32,6 +34,7 @@ struct Env {
   size_t test_park_piece = 0;
   long test_park_us = 0;
   bool test_park_before = false;
+  bool test_parse_maps = false;  // maps=1: /proc/self/maps is parsed, as on kernels without PROCMAP_QUERY
 };
 
 // The parsed environment (read on first use, which the library's constructor makes its load).

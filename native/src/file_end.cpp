@@ -24,6 +24,8 @@ std::atomic<uint64_t> g_direct_bytes{0}, g_buffered_bytes{0}, g_refused_files{0}
 // readahead, and the rest is a copy out of memory.
 constexpr double kCachedFraction = 0.5;
 
+}  // namespace
+
 // statx's direct I/O alignment (Linux 6.1, STATX_DIOALIGN), read from the kernel's struct by offset:
 // older C libraries do not name the fields. 0 when unknown; *unsupported when the file system says
 // it has no direct I/O.
@@ -48,8 +50,6 @@ size_t statx_dio_align(int fd, bool* unsupported) {
   return 0;
 #endif
 }
-
-}  // namespace
 
 IoCounters io_counters() {
   return {g_direct_bytes.load(), g_buffered_bytes.load(), g_refused_files.load()};

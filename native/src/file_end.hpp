@@ -108,6 +108,10 @@ class FileEnd final : public HostEnd {
   std::unordered_map<uint64_t, Piece> pieces_;  // by file offset: the pieces begun
 };
 
+// The alignment direct I/O asks for on `fd` (statx, Linux 6.1); 0 when the kernel does not say;
+// *unsupported when the file system has no direct I/O.
+size_t statx_dio_align(int fd, bool* unsupported);
+
 // Process-wide counts of the storage path's bytes by how they went (cmt_io_counters).
 struct IoCounters {
   uint64_t direct_bytes, buffered_bytes, direct_refused_files;

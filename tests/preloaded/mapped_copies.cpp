@@ -1,0 +1,182 @@
+// Host-to-device copies whose source is a file mapping, under LD_PRELOAD=libcmt.so against the
+// stand-in driver (native/src/mapped_copy.hpp): every byte that arrives in device memory is checked
+// against what the mapping holds, and after each case the outcomes counted for it are printed:
+//   case <name> cold=<0|1> from_file=<n> accelerated=<n>
+// (cold: whether the file's pages could be dropped from the page cache before the copy). Then "done".
+// argv[1]: a directory on a disk-backed file system; argv[2] (optional) "sigbus": only the case of a
+// copy past the end of a cut file (the process dies of SIGBUS, as without cmt).
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cmt/cuda_types.hpp"
+
+extern "C" {
+CUresult cuInit(unsigned);
+CUresult cuDeviceGet(CUdevice*, int);
+CUresult cuDevicePrimaryCtxRetain(CUcontext*, CUdevice);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuMemAlloc_v2(CUdeviceptr*, size_t);
+CUresult cuStreamCreate(CUstream*, unsigned);
+CUresult cuStreamSynchronize(CUstream);
+CUresult cuMemcpyHtoD_v2(CUdeviceptr, const void*, size_t);
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr, const void*, size_t, CUstream);
+CUresult cuMemcpyDtoH_v2(void*, CUdeviceptr, size_t);
+}
+
+static const size_t MIB = 1 << 20;
+static const size_t kFile = 24 * MIB + 123;
+static CUdeviceptr g_dev;
+static CUstream g_stream;
+static std::string g_dir;
+
+static unsigned char pattern(uint64_t i) { return static_cast<unsigned char>((i * 2654435761u) >> 13); }
+
+static void die(const char* what) {
+  printf("FAILED %s\n", what);
+  fflush(stdout);
+  exit(1);
+}
+
+// A file of kFile pattern bytes, written, synced and dropped from the page cache.
+static int make_file(const char* name, bool* cold) {
+  std::string path = g_dir + "/" + name;
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) die("open");
+  std::vector<unsigned char> buf(kFile);
+  for (size_t i = 0; i < kFile; ++i) buf[i] = pattern(i);
+  if (pwrite(fd, buf.data(), kFile, 0) != static_cast<ssize_t>(kFile)) die("pwrite");
+  fsync(fd);
+  posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  // Dropped? (tmpfs keeps everything: then the copies are from memory, which the test allows.)
+  void* probe = mmap(nullptr, kFile, PROT_READ, MAP_SHARED, fd, 0);
+  std::vector<unsigned char> vec((kFile + 4095) / 4096);
+  *cold = probe != MAP_FAILED && mincore(probe, kFile, vec.data()) == 0 && !(vec[vec.size() / 2] & 1);
+  if (probe != MAP_FAILED) munmap(probe, kFile);
+  return fd;
+}
+
+static unsigned long long outcome(const char* name) {
+  using StatsFn = int (*)(char*, size_t);
+  static auto stats = reinterpret_cast<StatsFn>(dlsym(RTLD_DEFAULT, "cmt_stats_json"));
+  static char json[1 << 16];
+  if (!stats || stats(json, sizeof json) <= 0) return 0;
+  const char* h2d = strstr(json, "\"h2d\":{");
+  std::string key = std::string("\"") + name + "\":[";
+  const char* at = h2d ? strstr(h2d, key.c_str()) : nullptr;
+  return at ? strtoull(at + key.size(), nullptr, 10) : 0;
+}
+
+// Copies [src, src + n) to the device (async on a stream, or sync), back, and compares with `want`.
+static void copy_case(const char* name, bool cold, const unsigned char* src, size_t n, const unsigned char* want,
+                      bool async) {
+  const unsigned long long f0 = outcome("from_file"), a0 = outcome("accelerated");
+  CUresult r = async ? cuMemcpyHtoDAsync_v2(g_dev, src, n, g_stream) : cuMemcpyHtoD_v2(g_dev, src, n);
+  if (r != CUDA_SUCCESS) die(name);
+  if (async && cuStreamSynchronize(g_stream) != CUDA_SUCCESS) die(name);
+  std::vector<unsigned char> back(n);
+  if (cuMemcpyDtoH_v2(back.data(), g_dev, n) != CUDA_SUCCESS) die(name);
+  for (size_t i = 0; i < n; ++i) {
+    if (back[i] != want[i]) {
+      fprintf(stderr, "%s: byte %zu is %u, expected %u\n", name, i, back[i], want[i]);
+      die(name);
+    }
+  }
+  printf("case %s cold=%d from_file=%llu accelerated=%llu\n", name, cold ? 1 : 0, outcome("from_file") - f0,
+         outcome("accelerated") - a0);
+  fflush(stdout);
+}
+
+static unsigned char* map(int fd, int prot, int flags) {
+  void* p = mmap(nullptr, kFile, prot, flags, fd, 0);
+  if (p == MAP_FAILED) die("mmap");
+  return static_cast<unsigned char*>(p);
+}
+
+static std::vector<unsigned char> expected(uint64_t off, size_t n) {
+  std::vector<unsigned char> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = pattern(off + i);
+  return v;
+}
+
+int main(int argc, char** argv) {
+  if (argc < 2) die("usage");
+  g_dir = argv[1];
+  const bool sigbus = argc > 2 && !strcmp(argv[2], "sigbus");
+  CUdevice dev;
+  CUcontext ctx;
+  if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)) die("init");
+  if (cuStreamCreate(&g_stream, 0) || cuMemAlloc_v2(&g_dev, kFile)) die("alloc");
+  bool cold = false;
+
+  if (sigbus) {  // a shared mapping cut below the range: the copy faults past the end, as without cmt
+    int fd = make_file("cut.bin", &cold);
+    unsigned char* m = map(fd, PROT_READ, MAP_SHARED);
+    if (ftruncate(fd, 4 * MIB) != 0) die("ftruncate");
+    cuMemcpyHtoD_v2(g_dev, m, 16 * MIB);
+    die("no SIGBUS");
+  }
+
+  {  // shared, read-only: cold, then warm (from memory), then an unaligned range, async, cold again
+    int fd = make_file("shared.bin", &cold);
+    unsigned char* m = map(fd, PROT_READ, MAP_SHARED);
+    copy_case("shared cold", cold, m, 16 * MIB, expected(0, 16 * MIB).data(), false);
+    std::vector<unsigned char> warmup(kFile);
+    if (pread(fd, warmup.data(), kFile, 0) != static_cast<ssize_t>(kFile)) die("warm");
+    copy_case("shared warm", false, m, 16 * MIB, expected(0, 16 * MIB).data(), false);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);  // the pages mapped in stay: only the others go
+    munmap(m, kFile);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    m = map(fd, PROT_READ, MAP_SHARED);
+    const size_t off = 12345, n = 9 * MIB + 7;
+    copy_case("shared cold, unaligned offset, async", cold, m + off, n, expected(off, n).data(), true);
+    copy_case("shared, to the last byte of the file", cold, m + 20 * MIB, kFile - 20 * MIB,
+              expected(20 * MIB, kFile - 20 * MIB).data(), false);
+    munmap(m, kFile);
+    close(fd);
+  }
+  {  // private, read-only
+    int fd = make_file("private.bin", &cold);
+    unsigned char* m = map(fd, PROT_READ, MAP_PRIVATE);
+    copy_case("private read-only cold", cold, m + 4096, 16 * MIB, expected(4096, 16 * MIB).data(), false);
+    munmap(m, kFile);
+    close(fd);
+  }
+  {  // private, written to: the written pages are the program's, the copies must carry them
+    int fd = make_file("written.bin", &cold);
+    unsigned char* m = map(fd, PROT_READ | PROT_WRITE, MAP_PRIVATE);
+    std::vector<unsigned char> want = expected(0, kFile);
+    for (size_t i = 8 * MIB + 100; i < 8 * MIB + 5000; ++i) want[i] = m[i] = static_cast<unsigned char>(~want[i]);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);  // the file's own copy of the written pages goes too
+    copy_case("private written, the range holds written pages", cold, m, 16 * MIB, want.data(), false);
+    // The copy from memory faulted its range in, and readahead went on past it: drop what is not mapped.
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    copy_case("private written, the range is past them", cold, m + 12 * MIB, 8 * MIB, want.data() + 12 * MIB,
+              false);
+    munmap(m, kFile);
+    close(fd);
+  }
+  {  // cut after it was mapped: inside the new size from the file; reaching past it from memory
+    int fd = make_file("cut.bin", &cold);
+    unsigned char* m = map(fd, PROT_READ, MAP_SHARED);
+    const size_t cut = 8 * MIB + 100;
+    if (ftruncate(fd, static_cast<off_t>(cut)) != 0) die("ftruncate");
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    copy_case("cut file, range inside its new size", cold, m, cut, expected(0, cut).data(), false);
+    std::vector<unsigned char> want = expected(0, 8 * MIB + 4096);
+    memset(want.data() + cut, 0, 4096 - 100);  // the rest of the last page reads as zeros
+    copy_case("cut file, range past its new end", cold, m, 8 * MIB + 4096, want.data(), false);
+    munmap(m, kFile);
+    close(fd);
+  }
+  printf("done\n");
+  return 0;
+}

@@ -1,0 +1,82 @@
+"""Large reads of regular files under `cmt run` (native/src/large_read.hpp): split over the engine's
+lanes from 4 MiB, with the single call's result, errno, bytes and file position in every case (end of
+file, iovecs, errors, a partly unmapped buffer, O_DIRECT), pipes and small reads untouched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cmt.native import library_path
+
+SOURCE = (Path(__file__).resolve().parent / "preloaded" / "large_reads.cpp").read_text()
+PLAN = "h2d:0=pass;d2h:0=pass;h2h:0=pass"
+# Case: whether it is split (a regular file, at least the threshold to read, a request the kernel takes).
+SPLIT = {
+    "read, whole file into a larger buffer": True,
+    "read, whole file, cold": True,
+    "read from an odd offset": True,
+    "read to the end of the file": True,
+    "read near the end (below the threshold)": False,
+    "read at the end": False,
+    "read past the end": False,
+    "pread at an odd offset": True,
+    "pread64 to the end": True,
+    "pread, negative offset": False,
+    "__read_chk": True,
+    "__pread64_chk": True,
+    "readv, several iovecs": True,
+    "preadv at the end of the file": True,
+    "preadv64": True,
+    "bad descriptor": False,
+    "write-only descriptor": False,
+    "buffer unmapped half way": True,
+    "buffer unmapped half way, pread": True,
+    "buffer unmapped at its start": True,
+    "O_DIRECT, aligned, to the end": True,
+    "O_DIRECT, unaligned buffer": False,
+    "O_DIRECT, unaligned offset": False,
+    "pipe": False,
+    "two readers of one open file": True,
+}
+
+
+def run(run_c_program, tmp_path: Path, extra: dict | None = None) -> dict[str, dict[str, int]]:
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    env = {"LD_PRELOAD": str(library_path()), "CMT_PLAN": PLAN, **(extra or {})}
+    proc = run_c_program(SOURCE, tmp_path, args=[str(data)], timeout=240, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == "done", proc.stdout + proc.stderr
+    out = {}
+    for line in lines:
+        if line.startswith("case "):
+            name, _, fields = line[5:].rpartition(" split=")
+            split, alone = fields.split(" alone=")
+            out[name] = {"split": int(split), "alone": int(alone)}
+    assert list(out) == list(SPLIT), out
+    return out
+
+
+def test_large_reads_are_split_and_give_what_the_single_call_gives(run_c_program, tmp_path):
+    seen = run(run_c_program, tmp_path)
+    for name, counts in seen.items():
+        if name == "two readers of one open file":  # one of them may find the pool taken: read alone
+            assert counts["split"] >= 1 and counts["split"] + counts["alone"] == 2, counts
+        else:
+            assert counts == {"split": int(SPLIT[name]), "alone": 0}, (name, counts)
+
+
+@pytest.mark.parametrize("setting", [{"CMT_READ_THRESHOLD": "0"}, {"CMT_DISABLE": "1"}],
+                         ids=["threshold_0", "disabled"])
+def test_turned_off_reads_are_the_plain_calls(run_c_program, tmp_path, setting):
+    seen = run(run_c_program, tmp_path, setting)
+    assert all(c == {"split": 0, "alone": 0} for c in seen.values()), seen
+
+
+def test_the_threshold_is_a_setting(run_c_program, tmp_path):
+    seen = run(run_c_program, tmp_path, {"CMT_READ_THRESHOLD": str(10 << 20)})
+    assert seen["read, whole file into a larger buffer"]["split"] == 1
+    assert seen["__read_chk"]["split"] == 0  # 6 MiB, now below it
