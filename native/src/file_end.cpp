@@ -169,7 +169,9 @@ size_t transfer_all(int fd, char* buf, uint64_t pos, size_t len, bool write, siz
 
 bool FileEnd::will_go_direct(const char* buf, uint64_t pos, size_t len) {
   const size_t a = file_.align();
-  if (!file_.may_direct() || len < a || pos % a || reinterpret_cast<uintptr_t>(buf) % a) return false;
+  if (!allow_direct_ || !file_.may_direct() || len < a || pos % a || reinterpret_cast<uintptr_t>(buf) % a) {
+    return false;
+  }
   // A fraction that cannot be told (-1) counts as not cached.
   return resident_fraction(file_.fd(), pos, len & ~(a - 1)) < kCachedFraction && file_.direct_fd() >= 0;
 }

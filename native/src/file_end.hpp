@@ -69,7 +69,9 @@ class IoFile {
 // caller clamped reads to) is kept, the first by file offset, and fails the engine's copy.
 class FileEnd final : public HostEnd {
  public:
-  FileEnd(IoFile& file, uint64_t file_off) : file_(file), base_(file_off) {}
+  // `direct`: false, every piece goes through the page cache (a range read again: mapped_copy.hpp).
+  FileEnd(IoFile& file, uint64_t file_off, bool direct = true)
+      : file_(file), base_(file_off), allow_direct_(direct) {}
   CUresult fill(char* staging, size_t off, size_t len, bool streaming) override;
   CUresult drain(const char* staging, size_t off, size_t len, bool streaming) override;
 
@@ -94,6 +96,7 @@ class FileEnd final : public HostEnd {
 
   IoFile& file_;
   uint64_t base_;
+  bool allow_direct_;
   std::atomic<uint64_t> direct_{0}, buffered_{0};
   std::mutex err_mutex_;
   std::atomic<bool> failed_{false};

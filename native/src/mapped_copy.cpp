@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "driver.hpp"
 #include "env.hpp"
@@ -29,9 +30,16 @@ namespace {
 // path now names another, or it was deleted) is kept as such, so that it is not tried on every copy.
 
 constexpr int kFiles = 16;
+// O_DIRECT leaves the page cache as it was: a range the plain copy would have left cached stays
+// cold, and a program that copies it again (a data set's next epoch) would read the disk each time.
+// So each file remembers, per 2 MiB, what went from it with O_DIRECT allowed; a copy that comes back
+// to any of it reads through the page cache, which its next copies then find warm.
+constexpr uint64_t kChunkShift = 21;
+constexpr uint64_t kMaxChunks = uint64_t(1) << 25;  // 64 TiB of file; beyond, always through the cache
 struct CachedFile {
   uint64_t dev = 0, ino = 0, used = 0;
   IoFile* file = nullptr;  // nullptr: not to be had
+  std::vector<uint64_t> read_direct;  // a bit per 2 MiB chunk
 };
 std::mutex g_files_mutex;
 CachedFile g_files[kFiles];
@@ -74,12 +82,29 @@ IoFile* mapped_file(const Mapping& m) {
                     "memory", m.path.c_str());
   }
   if (oldest->file) oldest->file->release();  // a transfer still using it holds its own reference
-  *oldest = CachedFile{m.dev, m.ino, ++g_tick, fd >= 0 ? new IoFile(fd) : nullptr};
+  *oldest = CachedFile{m.dev, m.ino, ++g_tick, fd >= 0 ? new IoFile(fd) : nullptr, {}};
   if (oldest->file) oldest->file->retain();
   return oldest->file;
 }
 
 // A reference to a mapped file, released at the end of the copy.
+// Whether [off, off + n) of `file` may go O_DIRECT: none of its chunks went so before. Marks them.
+bool first_time(const IoFile* file, uint64_t off, size_t n) {
+  const uint64_t first = off >> kChunkShift, last = (off + n - 1) >> kChunkShift;
+  if (last >= kMaxChunks) return false;
+  std::lock_guard<std::mutex> lock(g_files_mutex);
+  for (CachedFile& c : g_files) {
+    if (c.file != file) continue;
+    std::vector<uint64_t>& bits = c.read_direct;
+    if (bits.size() <= last / 64) bits.resize(last / 64 + 1);
+    bool again = false;
+    for (uint64_t i = first; i <= last; ++i) again = again || (bits[i / 64] >> (i % 64) & 1);
+    for (uint64_t i = first; i <= last; ++i) bits[i / 64] |= uint64_t(1) << (i % 64);
+    return !again;
+  }
+  return true;  // evicted meanwhile: no record of it
+}
+
 struct Held {
   IoFile* file = nullptr;
   void reset(IoFile* f) {
@@ -197,13 +222,14 @@ bool copy_from_mapping(const CopyRequest& req, bool pass_while_warming, CUresult
   // The bytes up to the first aligned file offset on their own, so that the rest can go O_DIRECT.
   const size_t a = file.align();
   const size_t head = off % a ? std::min<size_t>(req.bytes, a - off % a) : 0;
+  const bool direct = first_time(&file, off, req.bytes);
   CUresult r = CUDA_SUCCESS;
   bool failed = false;
   int err = 0;
   uint64_t err_at = 0;
   for (size_t part = 0; part < req.bytes && r == CUDA_SUCCESS;) {
     const size_t len = part == 0 && head ? head : req.bytes - part;
-    FileEnd end(file, off + part);
+    FileEnd end(file, off + part, direct);
     CopyRequest q{Direction::HtoD, req.ctx, nullptr, req.device + part, len, req.stream, st, &end};
     bool warming = false;
     r = engine_copy(q, nullptr, pass_while_warming ? &warming : nullptr);
