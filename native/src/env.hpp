@@ -35,6 +35,7 @@ struct Env {
   long test_park_us = 0;
   bool test_park_before = false;
   bool test_parse_maps = false;  // maps=1: /proc/self/maps is parsed, as on kernels without PROCMAP_QUERY
+  int test_rotational = -1;      // rotational=0|1: every file's disk spins or not (disk_kind.hpp); -1 ask
 };
 
 // The parsed environment (read on first use, which the library's constructor makes its load).

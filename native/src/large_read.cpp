@@ -16,11 +16,13 @@
 #include <cstdlib>
 
 #include "copy_path.hpp"
+#include "disk_kind.hpp"
 #include "driver.hpp"
 #include "engine.hpp"
 #include "env.hpp"
 #include "file_end.hpp"
 #include "host_copy.hpp"
+#include "page_cache.hpp"
 #include "prefault.hpp"
 
 #define API_EXPORT extern "C" __attribute__((visibility("default")))
@@ -168,6 +170,8 @@ ssize_t split_read(int fd, const iovec* iov, int iovcnt, bool positional, off_t 
   const uint64_t avail = size > static_cast<uint64_t>(here) ? size - static_cast<uint64_t>(here) : 0;
   const uint64_t len = std::min(total, round_up(avail, align));
   if (len < g_threshold.load(std::memory_order_relaxed)) return plain();
+  // A spinning disk reads one sequential stream faster than pieces at once: split only what is cached.
+  if (rotational_device(st.st_dev) && resident_fraction(fd, static_cast<uint64_t>(here), len) < 0.5) return plain();
 
   InsideCmt inside;  // the lanes' own calls, and any signal handler's, are plain
   int cancel = 0;
