@@ -39,6 +39,9 @@ SPLIT = {
     "O_DIRECT, unaligned offset": False,
     "pipe": False,
     "two readers of one open file": True,
+    "readv, more than IOV_MAX iovecs": False,
+    "in a forked child": False,
+    "reads interrupted by a handler that reads": True,
 }
 
 
@@ -67,6 +70,8 @@ def test_large_reads_are_split_and_give_what_the_single_call_gives(run_c_program
     for name, counts in seen.items():
         if name == "two readers of one open file":  # one of them may find the pool taken: read alone
             assert counts["split"] >= 1 and counts["split"] + counts["alone"] == 2, counts
+        elif name == "reads interrupted by a handler that reads":  # and the handlers' own, when not inside one
+            assert counts["split"] >= 30, counts
         else:
             assert counts == {"split": int(SPLIT[name]), "alone": 0}, (name, counts)
 

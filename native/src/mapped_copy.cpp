@@ -45,9 +45,20 @@ std::mutex g_files_mutex;
 CachedFile g_files[kFiles];
 uint64_t g_tick = 0;
 
+// Whether the kernel tells this process which pages of the file are cached (cachestat and mincore
+// both): the file's owner, a user who may write it, or root. Otherwise every page reads as absent,
+// and a warm file would be read from the disk instead of memory.
+bool residency_told(int fd, const struct stat& st) {
+  if (geteuid() == 0 || st.st_uid == geteuid()) return true;
+  char path[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  return faccessat(AT_FDCWD, path, W_OK, AT_EACCESS) == 0;
+}
+
 // Opens the mapped file: the mapping's own file through /proc/self/map_files (where this process
 // may: CAP_SYS_ADMIN or CAP_CHECKPOINT_RESTORE; it is the very file, also on overlay file systems),
-// else its path; either must be the regular file of the mapping's device and inode.
+// else its path; either must be the regular file of the mapping's device and inode, and one whose
+// cached pages the kernel tells this process.
 int open_mapped(const Mapping& m) {
   char link[64];
   snprintf(link, sizeof link, "/proc/self/map_files/%" PRIxPTR "-%" PRIxPTR, m.start, m.end);
@@ -57,10 +68,16 @@ int open_mapped(const Mapping& m) {
     struct stat st {};
     if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_dev) == m.dev &&
         static_cast<uint64_t>(st.st_ino) == m.ino) {
-      return fd;
+      if (residency_told(fd, st)) return fd;
+      log::debug_once(0xA07, "the kernel does not tell this user which pages of a mapped file are cached (%s: "
+                      "neither owned nor writable): its copies come from memory", m.path.c_str());
+      close(fd);
+      return -1;
     }
     close(fd);
   }
+  log::debug_once(0xA02, "a mapped file could not be opened again as the same file (%s): its copies come from "
+                  "memory", m.path.c_str());
   return -1;
 }
 
@@ -77,17 +94,12 @@ IoFile* mapped_file(const Mapping& m) {
     if (c.used < oldest->used) oldest = &c;
   }
   const int fd = open_mapped(m);
-  if (fd < 0) {
-    log::debug_once(0xA02, "a mapped file could not be opened again as the same file (%s): its copies come from "
-                    "memory", m.path.c_str());
-  }
   if (oldest->file) oldest->file->release();  // a transfer still using it holds its own reference
   *oldest = CachedFile{m.dev, m.ino, ++g_tick, fd >= 0 ? new IoFile(fd) : nullptr, {}};
   if (oldest->file) oldest->file->retain();
   return oldest->file;
 }
 
-// A reference to a mapped file, released at the end of the copy.
 // Whether [off, off + n) of `file` may go O_DIRECT: none of its chunks went so before. Marks them.
 bool first_time(const IoFile* file, uint64_t off, size_t n) {
   const uint64_t first = off >> kChunkShift, last = (off + n - 1) >> kChunkShift;
@@ -105,6 +117,7 @@ bool first_time(const IoFile* file, uint64_t off, size_t n) {
   return true;  // evicted meanwhile: no record of it
 }
 
+// A reference to a mapped file, released at the end of the copy.
 struct Held {
   IoFile* file = nullptr;
   void reset(IoFile* f) {

@@ -6,6 +6,10 @@
 // then "done". argv[1]: a directory on a disk-backed file system.
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <sys/time.h>
+#include <sys/wait.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -91,6 +95,29 @@ static void compare(const char* name, const std::function<ssize_t(int)>& cmt_cal
   if (c.ret > 0 && a && b && memcmp(a, b, static_cast<size_t>(c.ret))) die(name);
   printf("case %s split=%llu alone=%llu\n", name, s1 - s0, l1 - l0);
   fflush(stdout);
+}
+
+static int g_sig_fd = -1;
+static unsigned char* g_sig_buf;
+static volatile sig_atomic_t g_sig_reads = 0, g_sig_bad = 0;
+
+static void on_signal(int) {  // a large read in a handler: errno is the interrupted code's
+  const int saved = errno;
+  const ssize_t r = pread(g_sig_fd, g_sig_buf, 6 * MIB, 0);
+  if (r != static_cast<ssize_t>(6 * MIB) || g_sig_buf[6 * MIB - 1] != pattern(6 * MIB - 1)) g_sig_bad = 1;
+  g_sig_reads = g_sig_reads + 1;
+  errno = saved;
+}
+
+static bool whole_file_reads_back(unsigned char* buf) {
+  int fd = open(g_path.c_str(), O_RDONLY);
+  const ssize_t r = read(fd, buf, 24 * MIB);
+  close(fd);
+  if (r != static_cast<ssize_t>(kFile)) return false;
+  for (size_t i = 0; i < kFile; ++i) {
+    if (buf[i] != pattern(i)) return false;
+  }
+  return true;
 }
 
 static unsigned char* fresh(size_t n) {
@@ -250,6 +277,40 @@ int main(int argc, char** argv) {
       }
     }
     printf("case two readers of one open file split=%llu alone=%llu\n", reads("split") - s0, reads("alone") - l0);
+  }
+  // Too many iovecs: the kernel's EINVAL.
+  {
+    std::vector<iovec> many(IOV_MAX + 1, iovec{a, 8192});
+    compare("readv, more than IOV_MAX iovecs", [&](int fd) { return readv(fd, many.data(), IOV_MAX + 1); },
+            [&](int fd) { return static_cast<ssize_t>(syscall(SYS_readv, fd, many.data(), IOV_MAX + 1)); }, nullptr,
+            nullptr, 0);
+  }
+  // In a forked child (the pool's threads do not exist there): the plain call, exact.
+  {
+    const unsigned long long s0 = reads("split");
+    pid_t pid = fork();
+    if (pid == 0) _exit(whole_file_reads_back(b) && reads("split") == s0 ? 0 : 3);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) die("forked child");
+    printf("case in a forked child split=0 alone=0\n");
+  }
+  // Large reads in signal handlers, raised here and delivered by a timer while this thread reads.
+  {
+    const unsigned long long s0 = reads("split"), l0 = reads("alone");
+    g_sig_fd = open(g_path.c_str(), O_RDONLY);
+    g_sig_buf = fresh(6 * MIB);
+    signal(SIGALRM, on_signal);
+    raise(SIGALRM);
+    itimerval every{{0, 3000}, {0, 3000}};
+    setitimer(ITIMER_REAL, &every, nullptr);
+    bool good = true;
+    for (int i = 0; i < 30 && good; ++i) good = whole_file_reads_back(a);
+    itimerval off{};
+    setitimer(ITIMER_REAL, &off, nullptr);
+    if (!good || g_sig_bad || g_sig_reads < 1) die("signal handlers");
+    printf("case reads interrupted by a handler that reads split=%llu alone=%llu\n", reads("split") - s0,
+           reads("alone") - l0);
   }
   printf("done\n");
   return 0;
