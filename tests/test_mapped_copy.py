@@ -21,6 +21,8 @@ FROM_FILE = {
     "shared warm": False,
     "shared cold, unaligned offset, async": True,
     "shared, to the last byte of the file": True,
+    "shared, written through the mapping": True,
+    "a range over two mappings": False,
     "private read-only cold": True,
     "private written, the range holds written pages": False,
     "private written, the range is past them": True,

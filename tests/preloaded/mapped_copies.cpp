@@ -153,6 +153,31 @@ int main(int argc, char** argv) {
     munmap(m, kFile);
     close(fd);
   }
+  {  // shared and written through the mapping: the file's bytes are the written ones (O_DIRECT included)
+    int fd = make_file("shared-written.bin", &cold);
+    unsigned char* m = map(fd, PROT_READ | PROT_WRITE, MAP_SHARED);
+    std::vector<unsigned char> want = expected(0, kFile);
+    for (size_t i = 3 * MIB + 10; i < 3 * MIB + 9000; ++i) want[i] = m[i] = static_cast<unsigned char>(~want[i]);
+    copy_case("shared, written through the mapping", cold, m, 16 * MIB, want.data(), false);
+    munmap(m, kFile);
+    close(fd);
+  }
+  {  // a range over two mappings (of two files, side by side): from memory
+    bool cold_b = false;
+    int fa = make_file("side-a.bin", &cold);
+    int fb = make_file("side-b.bin", &cold_b);
+    auto* base = static_cast<unsigned char*>(mmap(nullptr, 16 * MIB, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (base == MAP_FAILED || mmap(base, 8 * MIB, PROT_READ, MAP_SHARED | MAP_FIXED, fa, 0) == MAP_FAILED ||
+        mmap(base + 8 * MIB, 8 * MIB, PROT_READ, MAP_SHARED | MAP_FIXED, fb, 0) == MAP_FAILED) {
+      die("side by side");
+    }
+    std::vector<unsigned char> want = expected(4 * MIB, 4 * MIB), second = expected(0, 4 * MIB);
+    want.insert(want.end(), second.begin(), second.end());
+    copy_case("a range over two mappings", cold, base + 4 * MIB, 8 * MIB, want.data(), false);
+    munmap(base, 16 * MIB);
+    close(fa);
+    close(fb);
+  }
   {  // private, read-only
     int fd = make_file("private.bin", &cold);
     unsigned char* m = map(fd, PROT_READ, MAP_PRIVATE);
