@@ -24,6 +24,7 @@ FROM_FILE = {
     "shared, written through the mapping": True,
     "a range over two mappings": False,
     "private read-only cold": True,
+    "cold, below 4 MiB": False,
     "private written, the range holds written pages": False,
     "private written, the range is past them": True,
     "cut file, range inside its new size": True,

@@ -182,6 +182,7 @@ int main(int argc, char** argv) {
     int fd = make_file("private.bin", &cold);
     unsigned char* m = map(fd, PROT_READ, MAP_PRIVATE);
     copy_case("private read-only cold", cold, m + 4096, 16 * MIB, expected(4096, 16 * MIB).data(), false);
+    copy_case("cold, below 4 MiB", cold, m + 20 * MIB, 3 * MIB, expected(20 * MIB, 3 * MIB).data(), false);
     munmap(m, kFile);
     close(fd);
   }
