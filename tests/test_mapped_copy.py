@@ -87,3 +87,10 @@ def test_turned_off_every_copy_comes_from_memory(run_c_program, tmp_path):
 def test_a_copy_past_the_end_of_a_cut_mapping_faults_as_without_cmt(run_c_program, tmp_path):
     proc = run(run_c_program, tmp_path, args=("sigbus",))
     assert proc.returncode == -signal.SIGBUS, (proc.returncode, proc.stdout, proc.stderr)
+
+
+def test_a_failed_read_of_the_file_is_done_again_from_memory(run_c_program, tmp_path):
+    # mapped_fail=1: each read of a mapped file puts the wrong bytes (4 KiB further on) into device
+    # memory and fails; the copy from memory that follows must overwrite every one of them.
+    seen = cases(run(run_c_program, tmp_path, "wait_setup=1,mapped_fail=1"))
+    assert all((c["from_file"], c["accelerated"]) == (0, 1) for c in seen.values()), seen

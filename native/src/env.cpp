@@ -96,8 +96,9 @@ void read_test_hooks(Env& e) {
     else if (ok && key == "park_us") e.test_park_us = n;
     else if (ok && key == "park_before" && n <= 1) e.test_park_before = n == 1;
     else if (ok && key == "maps" && n <= 1) e.test_parse_maps = n == 1;
+    else if (ok && key == "mapped_fail" && n <= 1) e.test_mapped_fail = n == 1;
     else if (ok && key == "rotational" && n <= 1) e.test_rotational = static_cast<int>(n);
-    else warn("CMT_TEST_HOOKS item", item.c_str(), "piece=, late_start_us=, guard=0, wait_setup=1, park_piece=, park_us=, park_before=1, maps=1, rotational=");
+    else warn("CMT_TEST_HOOKS item", item.c_str(), "piece=, late_start_us=, guard=0, wait_setup=1, park_piece=, park_us=, park_before=1, maps=1, mapped_fail=1, rotational=");
   }
 }
 

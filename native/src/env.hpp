@@ -35,6 +35,7 @@ struct Env {
   long test_park_us = 0;
   bool test_park_before = false;
   bool test_parse_maps = false;  // maps=1: /proc/self/maps is parsed, as on kernels without PROCMAP_QUERY
+  bool test_mapped_fail = false;  // mapped_fail=1: copies from mapped files read wrong bytes, then fail
   int test_rotational = -1;      // rotational=0|1: every file's disk spins or not (disk_kind.hpp); -1 ask
 };
 

@@ -104,8 +104,9 @@ IoFile* mapped_file(const Mapping& m) {
   return oldest->file;
 }
 
-// Whether [off, off + n) of `file` may go O_DIRECT: none of its chunks went so before. Marks them.
-bool first_time(const IoFile* file, uint64_t off, size_t n) {
+// Whether [off, off + n) of `file` may go O_DIRECT: none of its chunks went so before. `mark`: they
+// went so now.
+bool first_time(const IoFile* file, uint64_t off, size_t n, bool mark) {
   const uint64_t first = off >> kChunkShift, last = (off + n - 1) >> kChunkShift;
   if (last >= kMaxChunks) return false;
   std::lock_guard<std::mutex> lock(g_files_mutex);
@@ -115,7 +116,9 @@ bool first_time(const IoFile* file, uint64_t off, size_t n) {
     if (bits.size() <= last / 64) bits.resize(last / 64 + 1);
     bool again = false;
     for (uint64_t i = first; i <= last; ++i) again = again || (bits[i / 64] >> (i % 64) & 1);
-    for (uint64_t i = first; i <= last; ++i) bits[i / 64] |= uint64_t(1) << (i % 64);
+    if (mark) {
+      for (uint64_t i = first; i <= last; ++i) bits[i / 64] |= uint64_t(1) << (i % 64);
+    }
     return !again;
   }
   return true;  // evicted meanwhile: no record of it
@@ -239,27 +242,31 @@ bool copy_from_mapping(const CopyRequest& req, bool pass_while_warming, CUresult
   // The bytes up to the first aligned file offset on their own, so that the rest can go O_DIRECT.
   const size_t a = file.align();
   const size_t head = off % a ? std::min<size_t>(req.bytes, a - off % a) : 0;
-  const bool direct = first_time(&file, off, req.bytes);
+  const bool direct = first_time(&file, off, req.bytes, /*mark=*/false);
+  // CMT_TEST_HOOKS mapped_fail=1: each file copy reads the wrong bytes and counts as failed, so that
+  // the tests see the copy done again from memory overwrite them.
+  const uint64_t skew = env().test_mapped_fail ? 4096 : 0;
   CUresult r = CUDA_SUCCESS;
   bool failed = false;
   int err = 0;
   uint64_t err_at = 0;
   for (size_t part = 0; part < req.bytes && r == CUDA_SUCCESS;) {
     const size_t len = part == 0 && head ? head : req.bytes - part;
-    FileEnd end(file, off + part, direct);
+    FileEnd end(file, off + part + skew, direct);
     CopyRequest q{Direction::HtoD, req.ctx, nullptr, req.device + part, len, req.stream, st, &end};
     bool warming = false;
     r = engine_copy(q, nullptr, pass_while_warming ? &warming : nullptr);
-    if (end.failed()) {
+    if (end.failed() || skew) {
       failed = true;
-      err = end.error();
-      err_at = end.error_offset();
+      err = end.failed() ? end.error() : EIO;
+      err_at = end.failed() ? end.error_offset() : off + part;
     }
     if (failed || r == CUDA_ERROR_NOT_READY) break;  // (the head's DMAs are ordered before the caller's copy)
     part += len;
   }
   if (!failed) {
     if (r == CUDA_ERROR_NOT_READY) return false;  // nothing staged from the file that matters: copy as usual
+    if (direct && r == CUDA_SUCCESS) first_time(&file, off, req.bytes, /*mark=*/true);
     *result = r;
     *outcome = Outcome::FromFile;
     return true;
