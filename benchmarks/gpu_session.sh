@@ -15,6 +15,9 @@
 #                                                                      (-> io-acceptance.json)
 #   frameworks  cmt bench workloads of the libraries that stage their own copies (safetensors-cuda,
 #            cupy, seed-jax, hf-load)                                 (-> workloads.json)
+#   models   cmt bench workloads of the model-load family (every loader warm and cold, the C++ loader);
+#            QUICK=1 for the 0.5 GB model; CACHE=warm or cold for half (the whole family at 3.9 GB may
+#            not fit one call)                                        (-> workloads.json)
 #   all      install tests core copy (about 8 minutes with 3 processes)
 # Wheels carried in .whl/ (kvikio-cu13, libkvikio-cu13, rapids-logger, fastsafetensors,
 # runai-model-streamer: ../.library/device/README.md) are installed into /tmp/site first.
@@ -33,7 +36,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 modes=()
 for m in "$@"; do if [ "$m" = all ]; then modes+=(install tests core copy); else modes+=("$m"); fi; done
-[ ${#modes[@]} -gt 0 ] || { sed -n '2,22p' "$0"; exit 2; }
+[ ${#modes[@]} -gt 0 ] || { sed -n '2,25p' "$0"; exit 2; }
 status=0
 for mode in "${modes[@]}"; do
   echo "== $mode $(date -u +%T)"
@@ -53,8 +56,13 @@ for mode in "${modes[@]}"; do
     ioacc) mkdir -p /tmp/cmt-io && timeout 200 python3 benchmarks/io_acceptance.py --dir /tmp/cmt-io \
              --out "$OUT/io-acceptance.json" 2>&1 | tail -20 ;;
     frameworks) COLUMNS=150 timeout 500 python3 -m cmt bench workloads --only safetensors-cuda,cupy,seed-jax,hf-load \
+                  --rounds ${ROUNDS:-3} \
                   --out "$OUT" 2>&1 | tail -40 ;;
-    *) echo "unknown mode $mode (install, tests, core, copy, load, doctor, io, ioacc, frameworks, all)"; false ;;
+    models) only=$(python3 -c 'import os; from cmt.bench import workloads as w; c = os.environ.get("CACHE", "")
+print(",".join(n for n in w.names() if n.startswith("model-load") and n.endswith(c)))')
+            COLUMNS=150 timeout 540 python3 -m cmt bench workloads --only "$only" ${QUICK:+--quick} --out "$OUT" 2>&1 |
+              tail -40 ;;
+    *) echo "unknown mode $mode (install, tests, core, copy, load, doctor, io, ioacc, frameworks, models, all)"; false ;;
   esac || { status=1; echo "== $mode failed"; }
 done
 ls -l "$OUT"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -114,7 +116,23 @@ def test_workloads_list():
 def test_every_listed_workload_has_its_script():
     for w in workloads.WORKLOADS:
         assert w.path.is_file(), w.path
-        assert "parse_args()" in w.path.read_text()
+        assert "parse_args(" in w.path.read_text()
+
+
+def test_a_workloads_own_options_are_its_scripts():
+    """Each entry's args are options its script takes (its --help lists each value), and the
+    model-load family covers every loader warm and cold, plus the C++ loader."""
+    with_args = [w for w in workloads.WORKLOADS if w.args]
+    for script in {w.path for w in with_args}:
+        proc = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        for w in (w for w in with_args if w.path == script):
+            for value in w.args[1::2]:
+                assert value in proc.stdout, (w.name, value)
+    family = [w.name for w in workloads.WORKLOADS if w.family == "model-load"]
+    for loader in ("st-cuda", "st-cpu", "fastsafetensors", "runai", "cmt-io", "torch-mmap", "np-memmap"):
+        assert f"model-load-{loader}-warm" in family and f"model-load-{loader}-cold" in family
+    assert "model-load-cpp-warm" in family
 
 
 @pytest.mark.parametrize("only, message", [("nope", "unknown workload 'nope'"), (",", "--only names no workload")])
@@ -216,6 +234,46 @@ def test_runner_statuses_and_speedups(fake_workloads, tmp_path: Path):
     assert png.read_bytes().startswith(PNG_MAGIC)
     table = report.workloads_table(doc)
     assert table.row_count == len(fake_workloads)
+
+
+def test_rounds_take_plain_and_cmt_in_turn_and_report_medians(tmp_path: Path):
+    # Each run reports the next value of a counter kept in a file, as its inner time: the runs' order
+    # is then plain 1, cmt 2, plain 3, cmt 4, plain 5, cmt 6.
+    script = tmp_path / "counter.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, os
+        path = {str(tmp_path / "n")!r}
+        n = int(open(path).read()) + 1 if os.path.exists(path) else 1
+        open(path, "w").write(str(n))
+        print(json.dumps({{"inner_s": float(n), "bytes": 1}}))
+    """))
+    phases = []
+    entry = workload_runner.run_workload(workloads.Workload("counter", str(script), "counts"),
+                                         workload_runner.SuiteOptions(timeout_s=60, rounds=3), tmp_path,
+                                         phases.append, prepare=False)
+    assert phases == ["plain", "cmt"] * 3
+    assert entry["plain"]["rounds_inner_s"] == [1.0, 3.0, 5.0] and entry["cmt"]["rounds_inner_s"] == [2.0, 4.0, 6.0]
+    assert entry["plain"]["inner_s"] == 3.0 and entry["cmt"]["inner_s"] == 4.0
+    assert entry["speedup_inner"] == 0.75 and entry["speedup_inner_rounds"] == [0.5, 0.75, round(5 / 6, 4)]
+    assert len(entry["plain"]["rounds_wall_s"]) == 3 and entry["rounds"] == 3
+
+
+def test_runner_passes_args_and_shares_a_familys_folder(tmp_path: Path):
+    script = tmp_path / "args.py"
+    script.write_text(textwrap.dedent("""
+        import json, sys
+        from pathlib import Path
+        work = Path(sys.argv[sys.argv.index("--work-dir") + 1])
+        (work / (sys.argv[2] + ".mark")).write_text("x")
+        print(json.dumps({"inner_s": 0.001, "bytes": 1, "inner_label": " ".join(sys.argv[1:3]),
+                          "seen": sorted(p.name for p in work.glob("*.mark"))}))
+    """))
+    family = [workloads.Workload(n, str(script), n, args=("--tag", n), family="fam") for n in ("a", "b")]
+    alone = workloads.Workload("c", str(script), "c", args=("--tag", "c"))
+    entries = workload_runner.run_suite([*family, alone], workload_runner.SuiteOptions(timeout_s=60, work_dir=tmp_path))
+    assert [e["status"] for e in entries] == ["ok"] * 3, entries
+    assert [e["inner_label"] for e in entries] == ["--tag a", "--tag b", "--tag c"]
+    assert [e["plain"]["seen"] for e in entries] == [["a.mark"], ["a.mark", "b.mark"], ["c.mark"]]
 
 
 def test_runner_timeout(tmp_path: Path):

@@ -59,6 +59,7 @@ def test_full_search_writes_a_valid_tuned_file(run_python, xdg, tmp_path):
     # d2h was not tuned: it keeps the rules in force before (the built-in defaults)
     defaults = run_python("from cmt import native; print(native.active_plan())", env=xdg).stdout.strip()
     assert [r.to_json() for r in conf.rules["d2h"]] == [r.to_json() for r in cfg.from_plan(defaults).rules["d2h"]]
+    assert conf.rules["h2h"] == cfg.from_plan(defaults).rules["h2h"]  # and so does h2h
     tuning = conf.extra["tuning"]
     assert tuning["search"] == "full" and tuning["copies"] > 100 and tuning["sizes"] == [256 << 10, 1 << 20]
     assert {r["bytes"] for r in tuning["results"]} == {256 << 10, 1 << 20}
@@ -81,6 +82,33 @@ def test_instant_search(run_python, xdg, tmp_path):
     for d in ("h2d", "d2h"):
         assert conf.rules[d][0] == cfg.Rule(0) and any(not r.passes for r in conf.rules[d])
     native.configure(conf.to_plan())
+
+
+@pytest.mark.parametrize("search", ["instant", "full"])
+def test_the_tuned_file_gets_h2h_rules(run_python, xdg, tmp_path, search):
+    """The size from which cmt's threads beat one thread's memcpy, at the h2h search's own sizes; on
+    a machine where they never do (CI's two CPUs, usually) the one pass rule turns the feature off."""
+    from cmt.tune import host
+
+    out = tmp_path / "h2h.json"
+    p = cmt(run_python, xdg, "tune", "--search", search, "--sizes", "1M", "--directions", "h2h", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "h2h" in p.stdout and "64M" in p.stdout  # the before/after table's rows
+    conf = cfg.load(out)
+    h2h, tuning = conf.rules["h2h"], conf.extra["tuning"]
+    assert h2h[0] == cfg.Rule(0) and "h2h" in tuning["threshold"]
+    threshold = tuning["threshold"]["h2h"]
+    if threshold is None:
+        assert h2h == [cfg.Rule(0)]
+    else:
+        assert h2h[1].min_bytes == threshold and all(not r.passes and r.figures["gain"] > 1 for r in h2h[1:])
+    assert sorted(r["bytes"] for r in tuning["results"] if r["direction"] == "h2h") == list(host.SIZES)
+    v = cmt(run_python, xdg, "config", "validate", str(out))
+    assert v.returncode == 0 and "valid cmt tuned file" in v.stdout
+    r = cmt(run_python, xdg, "run", "--config", str(out), "--", sys.executable, "-c", PRINT_PLAN)
+    assert r.returncode == 3 and "h2h:0=pass" in r.stdout and f"PLAN={conf.to_plan()}" in r.stdout, r.stderr
+    show = cmt(run_python, xdg, "config", "show", "--config", str(out))
+    assert show.returncode == 0 and "h2h" in show.stdout and "(rules the file's)" in " ".join(show.stdout.split())
 
 
 def test_default_location_is_picked_up_by_cmt_run_and_shown(run_python, xdg):
@@ -254,6 +282,8 @@ def _check_real(conf: cfg.TunedConfig) -> None:
         rules = conf.rules[d]
         assert rules[0].passes and rules[-1].figures["gain"] > 1.5, rules  # large copies: well above the driver
         assert rules[1].min_bytes >= 64 << 10  # tiny copies pass through
+    host = conf.rules["h2h"]  # large host memcpy: measured, split from some size up or off
+    assert host[0].passes and all(not r.passes and r.figures["gain"] > 1 for r in host[1:]), host
 
 
 @pytest.mark.gpu

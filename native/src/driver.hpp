@@ -64,6 +64,8 @@ struct Driver {
   PFN_cuMemHostGetDevicePointer_v2 cuMemHostGetDevicePointer = nullptr;
   // Optional: settling a context after a failed copy from a mapped file (mapped_copy.cpp).
   PFN_cuCtxSynchronize cuCtxSynchronize = nullptr;
+  // Optional: which NUMA node a GPU sits on (numa_place.hpp); without it nothing is placed.
+  PFN_cuDeviceGetPCIBusId cuDeviceGetPCIBusId = nullptr;
 };
 
 // Loads the driver table once. With `load_if_absent` false (the interposer), only a libcuda that

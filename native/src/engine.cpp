@@ -54,12 +54,14 @@ struct Pipeline {
   StagingRing ring;
   DmaStreams dma;
   LanePool::Run run;
+  NumaPlace place;  // the GPU's NUMA node, where its staging and workers sit (numa_place.hpp)
   Job job;
 };
 
 class Engine {
  public:
   CUresult copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming);
+  bool prepare_for(CUcontext ctx, const Settings& st);
   bool host_lanes(int lanes, LanePool::Work work, void* arg);
   void forget() { pool_.forget(); }
   std::string dma_gpu_times();
@@ -69,6 +71,8 @@ class Engine {
   // The context's pipeline, made on first use with its setup started in the background; nullptr if
   // the pool can take no more.
   Pipeline* find(CUcontext ctx);
+  // find(), then waits for the setup; nullptr if it failed.
+  Pipeline* ready(CUcontext ctx);
   // The setup thread: the ring, stream, events and workers for the largest rule in force.
   void prepare(Pipeline* p);
 
@@ -107,6 +111,10 @@ void Engine::prepare(Pipeline* p) {
     // Like the workers: never an unsafe call in another thread's global-mode graph capture.
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     d.cuThreadExchangeStreamCaptureMode(&mode);
+    CUdevice dev = 0;
+    if (d.cuCtxGetDevice(&dev) == CUDA_SUCCESS) p->place = numa_place_for(dev);
+    numa_move_setup_thread(p->place);  // before the ring: its pinned pages come from the GPU's node
+    if (p->place.placed()) p->run.place = &p->place;
     const Settings most = active_plan().largest();
     const int slots = static_cast<int>(std::clamp<int64_t>(most.buffers, 1, kMaxBuffers));
     const size_t chunk = std::clamp(static_cast<size_t>(most.chunk_bytes), kMinChunk, kMaxChunk);
@@ -121,6 +129,28 @@ void Engine::prepare(Pipeline* p) {
   }
   p->setup_done.notify_all();
   if (!ok) log::write(log::Level::Debug, "the staging pipeline could not be set up; copies go to the driver");
+}
+
+Pipeline* Engine::ready(CUcontext ctx) {
+  Pipeline* p = find(ctx);
+  if (!p) return nullptr;
+  if (p->state.load(std::memory_order_acquire) == Pipeline::Preparing) {
+    std::unique_lock<std::mutex> lock(p->setup_mutex);
+    p->setup_done.wait(lock, [p] { return p->state.load(std::memory_order_acquire) != Pipeline::Preparing; });
+  }
+  return p->state.load(std::memory_order_acquire) == Pipeline::Ready ? p : nullptr;
+}
+
+bool Engine::prepare_for(CUcontext ctx, const Settings& st) {
+  if (pool_.forgotten() || !driver().ok) return false;
+  Pipeline* p = ready(ctx);
+  if (!p) return false;
+  const int slots = static_cast<int>(std::clamp<int64_t>(st.buffers, 1, kMaxBuffers));
+  const size_t chunk = std::clamp(static_cast<size_t>(st.chunk_bytes), kMinChunk, kMaxChunk);
+  std::lock_guard<std::mutex> held(p->busy);
+  if (!p->dma.for_context(ctx, slots + kSpareSlots)) return false;
+  // Short of pinned memory the copy runs on fewer slots, as Engine::copy does.
+  return p->ring.ensure(slots + kSpareSlots, chunk) || (p->ring.count() > kSpareSlots && p->ring.slot_bytes() >= chunk);
 }
 
 // Runs one lane of the job; a worker first makes the job's context current in its thread.
@@ -174,15 +204,11 @@ CUresult Engine::copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming) {
   if (timeline::enabled()) traced = std::unique_lock<std::mutex>(trace_mutex_);
   Pipeline* p = find(req.ctx);
   if (!p) return CUDA_ERROR_NOT_READY;
-  if (p->state.load(std::memory_order_acquire) == Pipeline::Preparing) {
-    if (warming) {
-      *warming = true;
-      return CUDA_ERROR_NOT_READY;
-    }
-    std::unique_lock<std::mutex> lock(p->setup_mutex);
-    p->setup_done.wait(lock, [p] { return p->state.load(std::memory_order_acquire) != Pipeline::Preparing; });
+  if (warming && p->state.load(std::memory_order_acquire) == Pipeline::Preparing) {
+    *warming = true;
+    return CUDA_ERROR_NOT_READY;
   }
-  if (p->state.load(std::memory_order_acquire) == Pipeline::Failed) return CUDA_ERROR_NOT_READY;
+  if (!(p = ready(req.ctx))) return CUDA_ERROR_NOT_READY;
   std::unique_lock<std::mutex> held(p->busy);
   const uint64_t start = monotonic_ns();  // the copy's own time, not its wait for the pipeline
   // The calling thread works as lane 0; keep it out of other threads' global-mode captures too.
@@ -263,6 +289,11 @@ std::once_flag g_engine_once;
 CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming) {
   std::call_once(g_engine_once, [] { g_engine = new Engine(); });  // never destroyed: workers live on
   return g_engine->copy(req, ran_ns, warming);
+}
+
+bool engine_prepare(CUcontext ctx, const Settings& settings) {
+  std::call_once(g_engine_once, [] { g_engine = new Engine(); });
+  return g_engine->prepare_for(ctx, settings);
 }
 
 std::string engine_dma_gpu_times() { return g_engine ? g_engine->dma_gpu_times() : std::string(); }

@@ -88,7 +88,8 @@ void read_test_hooks(Env& e) {
     long n = 0;
     bool ok = eq != std::string::npos && parse_long(item.c_str() + eq + 1, 0, 1L << 40, &n);
     std::string key = item.substr(0, eq);
-    if (ok && key == "piece") e.test_piece = static_cast<size_t>(n);
+    if (key == "sysfs" && eq != std::string::npos) e.test_sysfs = item.substr(eq + 1);
+    else if (ok && key == "piece") e.test_piece = static_cast<size_t>(n);
     else if (ok && key == "late_start_us") e.test_late_start_us = n;
     else if (ok && key == "guard" && n <= 1) e.test_guard = n == 1;
     else if (ok && key == "wait_setup" && n <= 1) e.test_wait_setup = n == 1;
@@ -98,7 +99,7 @@ void read_test_hooks(Env& e) {
     else if (ok && key == "maps" && n <= 1) e.test_parse_maps = n == 1;
     else if (ok && key == "mapped_fail" && n <= 1) e.test_mapped_fail = n == 1;
     else if (ok && key == "rotational" && n <= 1) e.test_rotational = static_cast<int>(n);
-    else warn("CMT_TEST_HOOKS item", item.c_str(), "piece=, late_start_us=, guard=0, wait_setup=1, park_piece=, park_us=, park_before=1, maps=1, mapped_fail=1, rotational=");
+    else warn("CMT_TEST_HOOKS item", item.c_str(), "piece=, late_start_us=, guard=0, wait_setup=1, park_piece=, park_us=, park_before=1, maps=1, mapped_fail=1, rotational=, sysfs=");
   }
 }
 

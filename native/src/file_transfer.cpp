@@ -136,6 +136,14 @@ CUcontext io_context_of(CUdeviceptr device) {
   return range.ctx;
 }
 
+bool file_transfer_prepare(const IoRequest& q) {
+  const Driver& d = driver(/*load_if_absent=*/true);
+  DeviceRange range;
+  if (!d.ok || !query_device(d, q.device, &range) || !range.ctx) return false;
+  ContextScope scope(d, range.ctx);
+  return scope.ok() && private_stream(d, range.ctx) && engine_prepare(range.ctx, q.settings);
+}
+
 IoResult file_transfer(const IoRequest& q) {
   IoResult res;
   const Driver& d = driver(/*load_if_absent=*/true);

@@ -10,9 +10,11 @@
 #include "copy_path.hpp"
 #include "driver.hpp"
 #include "engine.hpp"
+#include "host_copy_record.hpp"
 #include "plan.hpp"
 #include "prefault.hpp"
 #include "rate_guard.hpp"
+#include "recorder.hpp"
 #include "stats.hpp"
 #include "transfer_plan.hpp"
 
@@ -138,12 +140,30 @@ Outcome staged_copy(void* d, const void* s, size_t n, CopyFn plain, const Settin
   return o;
 }
 
+// `cmt profile`: the copy timed and recorded with its outcome and the object that called it.
+__attribute__((noinline)) void recorded_copy(void* d, const void* s, size_t n, CopyFn plain, HostCall call,
+                                             const void* caller) {
+  const uint64_t start = now_ns();
+  Outcome o = Outcome::NoDriver;
+  if (driver().ok) o = staged_copy(d, s, n, plain, nullptr);
+  else plain(d, s, n);
+  const uint64_t end = now_ns();
+  InsideCmt inside;  // the recorder's own copies (a new block, the file's header) are plain
+  record_host_copy(start, end, n, o, call, caller);
+}
+
 // The interposer's copies at or above the threshold. Only in processes that use CUDA (the libraries
 // that stage their own copies): a CPU-only program under `cmt run` keeps its copies and gets no
-// threads; and never from cmt's own threads.
-void* large_copy(void* d, const void* s, size_t n, CopyFn plain) {
-  if (t_inside || !driver().ok) return plain(d, s, n);
-  staged_copy(d, s, n, plain, nullptr);
+// threads (`cmt profile` records them as no_driver); and never from cmt's own threads.
+void* large_copy(void* d, const void* s, size_t n, CopyFn plain, HostCall call, const void* caller) {
+  if (t_inside) return plain(d, s, n);
+  if (__builtin_expect(recording(), 0)) {
+    recorded_copy(d, s, n, plain, call, caller);
+  } else if (driver().ok) {
+    staged_copy(d, s, n, plain, nullptr);
+  } else {
+    plain(d, s, n);
+  }
   return d;
 }
 
@@ -185,16 +205,18 @@ void host_copy_plan_changed(const Plan& plan) {
 }  // namespace cmt
 
 using cmt::g_threshold;
+using cmt::HostCall;
 
 // The program's (and its libraries') copies. Below the threshold: one compare, then libc's own.
+// Above it the return address goes along: `cmt profile` names the library that made the copy.
 API_EXPORT void* memcpy(void* d, const void* s, size_t n) {
   if (__builtin_expect(n < g_threshold.load(std::memory_order_relaxed), 1)) return cmt::g_memcpy(d, s, n);
-  return cmt::large_copy(d, s, n, cmt::g_memcpy);
+  return cmt::large_copy(d, s, n, cmt::g_memcpy, HostCall::Memcpy, __builtin_return_address(0));
 }
 
 API_EXPORT void* memmove(void* d, const void* s, size_t n) {
   if (__builtin_expect(n < g_threshold.load(std::memory_order_relaxed), 1)) return cmt::g_memmove(d, s, n);
-  return cmt::large_copy(d, s, n, cmt::g_memmove);
+  return cmt::large_copy(d, s, n, cmt::g_memmove, HostCall::Memmove, __builtin_return_address(0));
 }
 
 // The _FORTIFY_SOURCE forms: libc's own checks the destination's room, as without cmt.
@@ -202,12 +224,12 @@ API_EXPORT void* __memcpy_chk(void* d, const void* s, size_t n, size_t room) {
   if (__builtin_expect(n < g_threshold.load(std::memory_order_relaxed), 1) || n > room) {
     return cmt::g_memcpy_chk(d, s, n, room);
   }
-  return cmt::large_copy(d, s, n, cmt::g_memcpy);
+  return cmt::large_copy(d, s, n, cmt::g_memcpy, HostCall::MemcpyChk, __builtin_return_address(0));
 }
 
 API_EXPORT void* __memmove_chk(void* d, const void* s, size_t n, size_t room) {
   if (__builtin_expect(n < g_threshold.load(std::memory_order_relaxed), 1) || n > room) {
     return cmt::g_memmove_chk(d, s, n, room);
   }
-  return cmt::large_copy(d, s, n, cmt::g_memmove);
+  return cmt::large_copy(d, s, n, cmt::g_memmove, HostCall::MemmoveChk, __builtin_return_address(0));
 }

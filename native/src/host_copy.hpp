@@ -9,6 +9,8 @@
 // from cmt's own threads (and thus from a signal handler that interrupts them), in a forked child,
 // overlapping ranges, while another host copy holds the pool, and while the rate guard finds the
 // threads slower than one memcpy on a busy host (rate_guard.hpp).
+// Under `cmt profile` every copy above the threshold is recorded with its outcome and the library
+// that called it (host_copy_record.hpp).
 #pragma once
 #include <cstddef>
 

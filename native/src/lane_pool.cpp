@@ -103,6 +103,8 @@ void LanePool::worker_main(int index) {
   char name[16];
   snprintf(name, sizeof name, "cmt-copy-%d", index);
   pthread_setname_np(pthread_self(), name);
+  numa_worker_start();
+  int node = kNumaUnknown;
   const auto late_start = std::chrono::microseconds(env().test_late_start_us);
   Run* served = nullptr;  // the last run this worker took part in, and its generation: it spins after it
   uint64_t served_gen = 0;
@@ -116,6 +118,7 @@ void LanePool::worker_main(int index) {
       int lane = 0;
       uint64_t gen = 0;
       if (Run* r = enter_any(&lane, &gen)) {
+        numa_follow(r->place, &node);
         r->work(r->arg, lane);
         tail = r->spin_tail;  // read before the run may end and its next copy replace it
         leave(r);

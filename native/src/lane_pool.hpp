@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <mutex>
 
+#include "numa_place.hpp"
 #include "types.hpp"
 
 namespace cmt {
@@ -39,6 +40,7 @@ class LanePool {
     Clock::duration spin_tail{};
     std::atomic<Clock::rep> returned_at{0};  // when generation returned_gen returned
     std::atomic<uint64_t> returned_gen{0};
+    const NumaPlace* place = nullptr;  // where its workers run (numa_place.hpp); nullptr: anywhere
   };
 
   // Registers a run; false when kMaxRuns are registered already.

@@ -6,12 +6,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
 
 #include "driver.hpp"
+#include "host_copy_record.hpp"
 #include "log.hpp"
+#include "plan.hpp"
 #include "stats.hpp"
 #include "types.hpp"
 
@@ -29,7 +32,7 @@ bool g_write_failed = false;
 namespace {
 
 constexpr char kMagic[8] = {'C', 'M', 'T', 'P', 'R', 'O', 'F', '\0'};
-constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kFormatVersion = 2;  // 2: host copies (h2h records, name slots)
 
 struct FileHeader {
   char magic[8];
@@ -45,12 +48,17 @@ ino_t g_file_ino = 0;
 
 
 std::string meta_text() {
-  std::string m = "cmt_version=" PROJECT_VERSION "\nclock=CLOCK_MONOTONIC\ndirections=h2d,d2h\n";
+  std::string m = "cmt_version=" PROJECT_VERSION "\nclock=CLOCK_MONOTONIC\ndirections=";
+  for (int d = 0; d < kDirections; ++d) m += std::string(d ? "," : "") + direction_name(static_cast<Direction>(d));
+  // Host copies are recorded from here up (the plan's first staged h2h rule); "off": none are.
+  const size_t from = active_plan().stages_from(Direction::HtoH);
+  m += "\nh2h_from=" + (from == SIZE_MAX ? std::string("off") : std::to_string(from)) + "\n";
   static_assert(static_cast<int>(HostKind::Device) == 4, "host_kinds below follow HostKind");
   m += "host_kinds=unknown,pageable,pinned,managed,device\noutcomes=";
   for (int o = 0; o < kOutcomes; ++o) m += std::string(o ? "," : "") + outcome_name(static_cast<Outcome>(o));
   m += "\nentries=";
   for (int e = 0; e < kEntryCount; ++e) m += std::string(e ? "," : "") + entry_name(static_cast<EntryId>(e));
+  for (int c = 0; c < kHostCalls; ++c) m += std::string(",") + host_call_name(static_cast<HostCall>(c));
   m += "\n";
   for (int o = 0; o < kOutcomes; ++o) {
     m += std::string("outcome_text.") + outcome_name(static_cast<Outcome>(o)) + "=" + outcome_text(static_cast<Outcome>(o)) + "\n";

@@ -1,6 +1,6 @@
 // The recording's file (`cmt profile`): one per process, its header, and the writes of records.
 //
-// On-disk format, version 1: one file per process, <CMT_PROFILE_DIR>/cmt-<pid>.rec (a numeric
+// On-disk format, version 2 (1 had no host copies): one file per process, <CMT_PROFILE_DIR>/cmt-<pid>.rec (a numeric
 // suffix, cmt-<pid>.<n>.rec, if that name exists). Little-endian.
 //   offset  size  field
 //        0     8  magic "CMTPROF\0"
@@ -15,13 +15,18 @@
 //       48     4  meta_bytes: length of the meta text at offset 64
 //       52     4  cmdline_bytes: length of /proc/self/cmdline (NUL-separated argv) after the meta
 //       56     8  reserved (0)
-//       64        meta text: "key=value\n" lines: cmt_version, clock, directions, host_kinds,
-//                 outcomes, entries (comma-separated names; a record's byte fields index them),
+//       64        meta text: "key=value\n" lines: cmt_version, clock, directions, h2h_from (the
+//                 smallest host copy recorded, or "off"), host_kinds, outcomes, entries
+//                 (comma-separated names; a record's byte fields index them; the driver's entry
+//                 points, then memcpy, memmove, __memcpy_chk, __memmove_chk),
 //                 outcome_text.<outcome> (why cmt passed such copies to the driver)
 //                 cmdline, then zero padding to header_bytes
 //   header_bytes  CopyRecord[] until the end of the file; a trailing partial record (killed
 //                 mid-write) is ignored. A record with entry == 0xFF is a marker, not a copy:
-//                 `bytes` records were dropped (buffers over their memory cap).
+//                 `bytes` records were dropped (buffers over their memory cap). One with entry
+//                 == 0xFE is a name slot (recorder.hpp): part of the path of the object that
+//                 h2h records with the same id in `reserved` were called from. In h2h records
+//                 `stream` is the call site's offset in that object.
 #pragma once
 #include <limits.h>
 #include <sys/types.h>

@@ -181,6 +181,10 @@ StreamOp* stream_io_submit(const IoRequest& req, CUstream stream, IoResult* fail
     *failed = failure(kIoBadRequest, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     return nullptr;
   }
+  // Everything the transfer will need is made here: made in the I/O thread, it deadlocked.
+  if (!file_transfer_prepare(req)) {
+    log::debug_once(0x905, "a stream-ordered transfer found no staging pipeline: it goes through the driver");
+  }
   auto* op = new StreamOp;
   op->req = req;
   op->req.wait_legacy = false;  // the stream orders it

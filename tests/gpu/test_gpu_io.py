@@ -4,30 +4,20 @@ Each case runs in a subprocess (a fresh CUDA context), with PyTorch tensors as t
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-
 import pytest
+
+from .child import run_child
 
 pytestmark = pytest.mark.gpu
 
 _PRELUDE = """
-import os, time, torch, cmt.io
+import time, torch, cmt.io
 assert torch.cuda.is_available()
-def evict(path):
-    fd = os.open(path, os.O_RDONLY)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    os.close(fd)
 """
 
 
 def run_python(code: str, tmp_path, timeout: int = 300) -> str:
-    pytest.importorskip("torch")
-    proc = subprocess.run([sys.executable, "-c", _PRELUDE + textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=timeout, cwd=tmp_path)
-    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    return proc.stdout
+    return run_child(_PRELUDE, code, tmp_path, timeout)
 
 
 def test_write_then_read_back_warm_and_cold_at_odd_sizes_and_offsets(tmp_path):

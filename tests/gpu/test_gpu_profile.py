@@ -26,3 +26,18 @@ def test_profile_counts_match_what_the_program_made(tmp_path):
     want = {(m["direction"], m["host_kind"], m["bytes_each"]): (m["count"], m["count"] * m["bytes_each"]) for m in made}
     assert got == want
     assert report["totals"]["copies"] == sum(c for c, _ in want.values())
+
+
+def test_profile_names_the_library_of_host_copies_with_the_real_driver(tmp_path):
+    """A process that uses CUDA copies 64 MiB between host buffers four times through ctypes: the
+    copies are split (accelerated) and attributed to the object that called memmove."""
+    code = ("import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"
+            "a = ctypes.create_string_buffer(64 << 20)\nb = ctypes.create_string_buffer(64 << 20)\n"
+            "for _ in range(4): ctypes.memmove(a, b, 64 << 20)\n")
+    proc = subprocess.run([sys.executable, "-m", "cmt", "profile", "--json", "--", sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    host = json.loads(proc.stdout[proc.stdout.index("{"):])["host_copies"]
+    print(json.dumps(host, indent=1))
+    (row,) = [r for r in host["by_caller"] if r["bytes"] >= 4 * (64 << 20)]
+    assert row["count"] >= 4 and row["outcomes"].get("accelerated", 0) >= 4 and row["library"] != "unknown"

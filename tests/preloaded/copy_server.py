@@ -403,6 +403,19 @@ def node_lanes(_req: dict) -> dict:
             "pinned_budget": _cmt.cmt_node_pinned_budget_mib(), "pinned_in_use": _cmt.cmt_node_pinned_in_use_mib()}
 
 
+def threads(_req: dict) -> dict:
+    """Each thread of this process: its name and the CPUs it may run on."""
+    out = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            out.append({"name": name, "cpus": sorted(os.sched_getaffinity(int(tid)))})
+        except OSError:  # the thread is gone
+            pass
+    return {"threads": out}
+
+
 def legacy_during_capture(req: dict) -> dict:
     """A legacy-stream copy while a blocking stream captures: the driver's own error (906)."""
     n = req["size"]
@@ -483,7 +496,7 @@ def main() -> None:
     handlers = {"roundtrip": roundtrip, "ordering": ordering, "concurrent": concurrent, "call": call,
                 "fork": fork, "multi_device": multi_device, "legacy_during_capture": legacy_during_capture,
                 "overlap": overlap, "timed_copies": timed_copies, "hold": hold, "node_lanes": node_lanes,
-                "counts": counts, "one_way": one_way, "stats": lambda _r: stats()}
+                "counts": counts, "one_way": one_way, "threads": threads, "stats": lambda _r: stats()}
     for line in sys.stdin:
         req = json.loads(line)
         try:

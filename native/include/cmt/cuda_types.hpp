@@ -100,6 +100,7 @@ typedef CUresult (*PFN_cuGetErrorString)(CUresult, const char**);
 typedef CUresult (*PFN_cuCtxGetCurrent)(CUcontext*);
 typedef CUresult (*PFN_cuCtxSetCurrent)(CUcontext);
 typedef CUresult (*PFN_cuCtxGetDevice)(CUdevice*);
+typedef CUresult (*PFN_cuDeviceGetPCIBusId)(char*, int, CUdevice);
 typedef CUresult (*PFN_cuStreamCreate)(CUstream*, unsigned int);
 typedef CUresult (*PFN_cuStreamDestroy)(CUstream);
 typedef CUresult (*PFN_cuStreamSynchronize)(CUstream);

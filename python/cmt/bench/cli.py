@@ -193,9 +193,12 @@ def _visible_device_env(device: int) -> dict[str, str]:
 @click.option("--only", metavar="LIST", help="Run only these workloads (comma-separated names).")
 @click.option("--timeout", "timeout_s", default=300, show_default=True, type=click.IntRange(min=1),
               help="Seconds allowed to each run of a workload.")
+@click.option("--rounds", default=1, show_default=True, type=click.IntRange(min=1, max=50),
+              help="Plain and cmt processes taken in turn this many times; the figures are their medians.")
 @_common_options("workloads")
-def workloads_cmd(list_only, only, timeout_s, out_dir, as_json, no_plot, quick, config_path, device):
-    """Real programs run twice, plainly and under `cmt run`: end-to-end and inner speed-ups."""
+def workloads_cmd(list_only, only, timeout_s, rounds, out_dir, as_json, no_plot, quick, config_path, device):
+    """Real programs run plainly and under `cmt run` (processes in turn, --rounds times): end-to-end and
+    inner speed-ups."""
     chosen = workloads.select(only, quick)
     if list_only:
         for w in chosen:
@@ -209,7 +212,7 @@ def workloads_cmd(list_only, only, timeout_s, out_dir, as_json, no_plot, quick, 
     selection, out, drv, dev, engine, machine = _measuring_setup(config_path, out_dir, device)
     drv.close_device(dev)  # the workloads need the GPU, not this process
     opts = workload_runner.SuiteOptions(quick, str(selection.path) if selection.path else None, timeout_s,
-                                        _visible_device_env(device))
+                                        _visible_device_env(device), rounds=rounds)
     status = Console(stderr=True)
     with _progress(status) as progress:
         bar = progress.add_task("workloads", total=len(chosen))

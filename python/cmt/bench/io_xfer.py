@@ -291,7 +291,8 @@ class _CudaArray:
 def kvikio_threads(kvikio: Any, n: int | None = None) -> int:
     """Sets KvikIO's thread-pool size (when n is given) and returns it: `defaults.set` since 25.04,
     `num_threads_reset` before."""
-    d = kvikio.defaults
+    # `import kvikio` 26.10 does not load its submodule defaults
+    d = getattr(kvikio, "defaults", None) or importlib.import_module("kvikio.defaults")
     if n is not None:
         if hasattr(d, "set"):
             d.set({"num_threads": n})
@@ -305,7 +306,8 @@ def kvikio_compat(kvikio: Any, handle: Any = None) -> bool:
     probe = getattr(handle, "is_compat_mode_preferred", None)
     if callable(probe):
         return bool(probe())
-    d = kvikio.defaults
+    # `import kvikio` 26.10 does not load its submodule defaults
+    d = getattr(kvikio, "defaults", None) or importlib.import_module("kvikio.defaults")
     if hasattr(d, "is_compat_mode_preferred"):
         return bool(d.is_compat_mode_preferred())
     mode = d.compat_mode()  # a bool in old versions, CompatMode (ON/OFF/AUTO) later

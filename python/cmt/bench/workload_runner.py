@@ -1,4 +1,4 @@
-"""Runs workload scripts as subprocesses: plainly, then under `cmt run`.
+"""Runs workload scripts as subprocesses: plainly, then under `cmt run`, `rounds` times in turn.
 
 A workload that writes input files is first run once to prepare them (untimed); so is the suite's
 first workload, which loads the framework once so that no timed run pays for a cold file cache.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -93,28 +94,43 @@ class SuiteOptions:
     timeout_s: float = 300.0
     env: dict[str, str] = field(default_factory=plain_env)
     work_dir: Path | None = None  # scratch space (a temporary folder by default)
+    rounds: int = 1  # plain and cmt processes taken in turn this many times; the figures are medians
 
 
 def _speedup(plain: float | None, cmt: float | None) -> float | None:
     return round(plain / cmt, 4) if plain and cmt else None
 
 
+def _median_run(runs: list[ScriptRun]) -> dict[str, Any]:
+    """The run whose inner time is the median (the lower one of an even count), with the median wall
+    time and every round's times beside it."""
+    ranked = sorted(runs, key=lambda r: r.line["inner_s"])
+    doc = ranked[(len(ranked) - 1) // 2].to_json()
+    if len(runs) > 1:
+        doc["wall_s"] = round(statistics.median(r.wall_s for r in runs), 4)
+        doc["inner_s"] = statistics.median(r.line["inner_s"] for r in runs)
+        doc["rounds_wall_s"] = [round(r.wall_s, 4) for r in runs]
+        doc["rounds_inner_s"] = [r.line["inner_s"] for r in runs]
+    return doc
+
+
 def run_workload(w: Workload, opts: SuiteOptions, work_dir: Path,
                  on_phase: Callable[[str], None] | None = None, prepare: bool | None = None) -> dict[str, Any]:
-    """Prepare (if `prepare`, by default the workload's own flag), plain run, cmt run: the
-    workload's entry for the result file."""
-    script = [sys.executable, str(w.path), "--work-dir", str(work_dir), *(["--quick"] if opts.quick else [])]
+    """Prepare (if `prepare`, by default the workload's own flag), then plain and cmt runs in turn,
+    `opts.rounds` times: the workload's entry for the result file."""
+    script = [sys.executable, str(w.path), *w.args, "--work-dir", str(work_dir), *(["--quick"] if opts.quick else [])]
     config = ["--config", opts.config_path] if opts.config_path else []
     under_cmt = [sys.executable, "-m", "cmt", "run", *config, "--", *script]
     entry: dict[str, Any] = {"name": w.name, "description": w.description}
-    runs: dict[str, ScriptRun] = {}
-    phases = [("plain", script), ("cmt", under_cmt)]
+    runs: dict[str, list[ScriptRun]] = {"plain": [], "cmt": []}
+    phases = [("plain", script), ("cmt", under_cmt)] * max(1, opts.rounds)
     if w.prepare if prepare is None else prepare:
         phases.insert(0, ("prepare", [*script, "--prepare"]))
     for phase, argv in phases:
         if on_phase:
             on_phase(phase)
-        run = runs[phase] = run_script(argv, opts.env, opts.timeout_s)
+        run = run_script(argv, opts.env, opts.timeout_s)
+        runs.setdefault(phase, []).append(run)
         if run.status != "ok":
             entry["status"] = run.status
             entry["skip" if run.status == "skip" else "error"] = (run.message if run.status == "skip"
@@ -122,15 +138,21 @@ def run_workload(w: Workload, opts: SuiteOptions, work_dir: Path,
             break
     else:
         entry["status"] = "ok"
-    for phase in ("plain", "cmt") if entry["status"] != "skip" else ():
-        if phase in runs:
-            entry[phase] = runs[phase].to_json()
     if entry["status"] == "ok":
-        plain, cmt = runs["plain"], runs["cmt"]
-        entry["inner_label"] = plain.line.get("inner_label", "")
-        entry["bytes"] = plain.line.get("bytes")
-        entry["speedup_wall"] = _speedup(plain.wall_s, cmt.wall_s)
-        entry["speedup_inner"] = _speedup(plain.line["inner_s"], cmt.line["inner_s"])
+        plain, cmt = _median_run(runs["plain"]), _median_run(runs["cmt"])
+        entry["plain"], entry["cmt"] = plain, cmt
+        entry["inner_label"] = plain.get("inner_label", "")
+        entry["bytes"] = plain.get("bytes")
+        entry["speedup_wall"] = _speedup(plain["wall_s"], cmt["wall_s"])
+        entry["speedup_inner"] = _speedup(plain["inner_s"], cmt["inner_s"])
+        if opts.rounds > 1:
+            entry["rounds"] = opts.rounds
+            entry["speedup_inner_rounds"] = [_speedup(p.line["inner_s"], c.line["inner_s"])
+                                             for p, c in zip(runs["plain"], runs["cmt"], strict=True)]
+    elif entry["status"] != "skip":
+        for phase in ("plain", "cmt"):
+            if runs[phase]:
+                entry[phase] = runs[phase][-1].to_json()
     return entry
 
 
@@ -140,8 +162,8 @@ def run_suite(workloads: Sequence[Workload], opts: SuiteOptions,
     with tempfile.TemporaryDirectory(prefix="cmt-bench-workloads-", dir=opts.work_dir) as tmp:
         entries = []
         for i, w in enumerate(workloads):
-            scratch = Path(tmp) / w.name
-            scratch.mkdir()
+            scratch = Path(tmp) / (w.family or w.name)  # a family's workloads share their input files
+            scratch.mkdir(exist_ok=True)
             entry = run_workload(w, opts, scratch, (lambda phase, w=w: on_phase(w, phase)) if on_phase else None,
                                  prepare=w.prepare or i == 0)
             entries.append(entry)

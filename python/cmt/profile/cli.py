@@ -1,4 +1,5 @@
-"""`cmt profile`: run a command with every host<->device copy recorded, then report them."""
+"""`cmt profile`: run a command with every host<->device copy (and every host copy from the h2h
+threshold up) recorded, then report them."""
 
 from __future__ import annotations
 
@@ -108,7 +109,8 @@ def _record(command: tuple[str, ...], config_path: str | None, passthrough: bool
 @click.option("--passthrough", is_flag=True,
               help="Record only: every copy goes to the driver unchanged (a baseline for the estimate).")
 def profile(out, trace_path, chart_path, report_path, as_json, config_path, bench_path, passthrough, command):
-    """Record every host<->device copy of CMD and report them: cmt profile -- python train.py"""
+    """Record every host<->device copy of CMD, and the large host copies cmt splits (by calling library),
+    and report them: cmt profile -- python train.py"""
     if report_path and command:
         raise CmtError("give either --report FILE or a command (`cmt profile -- CMD`), not both")
     if not report_path and not command:

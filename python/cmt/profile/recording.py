@@ -1,6 +1,6 @@
 """Reads what the recorder wrote and saves it: per-process ``cmt-<pid>.rec`` files (the format is
-documented in native/src/recorder.cpp), a directory of them, or a saved recording (``--out``: an
-uncompressed tar of the .rec files plus ``manifest.json``)."""
+documented in native/src/recording_file.hpp), a directory of them, or a saved recording (``--out``:
+an uncompressed tar of the .rec files plus ``manifest.json``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 import os
 import struct
 import tarfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +19,13 @@ from .. import __version__
 from ..errors import CmtError
 
 MAGIC = b"CMTPROF\0"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: host copies (h2h records and the names of their callers)
+READABLE_VERSIONS = (1, 2)
 HEADER = struct.Struct("<8sIIIIIIQQIIQ")  # 64 bytes
 MARKER_ENTRY = 0xFF  # not a copy: `bytes` records were dropped
+NAME_SLOT_ENTRY = 0xFE  # not a copy: part of a calling object's path (native/src/recorder.hpp)
+NAME_SLOT_BYTES = 36
+UNKNOWN_CALLER = "unknown"  # an h2h copy whose caller could not be named
 RECORD = np.dtype([
     ("start_ns", "<u8"), ("end_ns", "<u8"), ("bytes", "<u8"), ("stream", "<u8"), ("result", "<i4"),
     ("tid", "<u4"), ("dir", "u1"), ("host_kind", "u1"), ("outcome", "u1"), ("entry", "u1"), ("reserved", "<u4"),
@@ -47,6 +51,16 @@ class ProcessRecording:
     outcome_texts: dict[str, str]
     records: np.ndarray  # RECORD, copies only
     dropped: int = 0
+    callers: dict[int, str] = field(default_factory=dict)  # object id -> path (h2h records' `reserved`)
+    h2h_from: int | None = None  # host copies from this size up were recorded (None: none were)
+
+    def caller(self, object_id: int) -> str:
+        return self.callers.get(object_id, UNKNOWN_CALLER)
+
+    def is_host_copy(self) -> np.ndarray:
+        """Per record: an h2h copy (a large memcpy/memmove), not a host<->device one."""
+        names = self.names.get("directions", [])
+        return self.records["dir"] == names.index("h2h") if "h2h" in names else np.zeros(len(self.records), bool)
 
     def name(self, table: str, code: int) -> str:
         names = self.names.get(table, [])
@@ -68,6 +82,7 @@ class Copies:
     host_kind: np.ndarray
     outcome: np.ndarray
     entry: np.ndarray
+    caller: np.ndarray  # h2h: the path of the object that made the copy; "" for host<->device copies
 
     def __len__(self) -> int:
         return len(self.bytes)
@@ -75,6 +90,9 @@ class Copies:
     @property
     def seconds(self) -> np.ndarray:
         return (self.end_ns - self.start_ns).astype(np.float64) / 1e9
+
+    def select(self, mask: np.ndarray) -> Copies:
+        return Copies(*(getattr(self, f.name)[mask] for f in fields(self)))
 
 
 def _decode(proc: ProcessRecording, table: str, codes: np.ndarray) -> np.ndarray:
@@ -95,10 +113,10 @@ class Recording:
             parts.append((np.full(len(r), p.pid, np.int64), r["tid"].astype(np.int64), r["start_ns"], r["end_ns"],
                           r["bytes"], r["stream"], r["result"], _decode(p, "directions", r["dir"]),
                           _decode(p, "host_kinds", r["host_kind"]), _decode(p, "outcomes", r["outcome"]),
-                          _decode(p, "entries", r["entry"])))
+                          _decode(p, "entries", r["entry"]), _callers(p)))
         if not parts:
             empty = np.zeros(0, np.uint64)
-            return Copies(*([empty] * 7), *([np.zeros(0, object)] * 4))
+            return Copies(*([empty] * 7), *([np.zeros(0, object)] * 5))
         return Copies(*(np.concatenate(cols) for cols in zip(*parts, strict=True)))
 
     def outcome_texts(self) -> dict[str, str]:
@@ -108,14 +126,33 @@ class Recording:
         return texts
 
 
+def _callers(proc: ProcessRecording) -> np.ndarray:
+    r = proc.records
+    out = np.full(len(r), "", dtype=object)
+    h2h = proc.is_host_copy()
+    out[h2h] = [proc.caller(int(i)) for i in r["reserved"][h2h]]
+    return out
+
+
+def _names(slots: np.ndarray) -> dict[int, str]:
+    """The calling objects' paths from their name slots (in any order in the file)."""
+    text = slots.view(np.uint8).reshape(-1, RECORD.itemsize)[:, :NAME_SLOT_BYTES]
+    parts: dict[int, dict[int, bytes]] = {}
+    for i, (object_id, index) in enumerate(zip(slots["reserved"].tolist(), slots["dir"].tolist(), strict=True)):
+        parts.setdefault(object_id, {})[index] = text[i].tobytes()
+    return {object_id: b"".join(chunks[k] for k in sorted(chunks)).rstrip(b"\0").decode(errors="replace")
+            for object_id, chunks in parts.items()}
+
+
 def parse_process(data: bytes, source: str) -> ProcessRecording:
     if len(data) < HEADER.size or data[:8] != MAGIC:
         raise CmtError(f"{source}: not a cmt recording")
     (_, version, header_bytes, record_bytes, pid, ppid, flags, mono, real,
      meta_bytes, cmdline_bytes, _) = HEADER.unpack_from(data)
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise CmtError(f"{source}: recording format version {version} is not supported (cmt {__version__} "
-                       f"reads version {FORMAT_VERSION}); render it with the cmt version that recorded it")
+                       f"reads versions {', '.join(map(str, READABLE_VERSIONS))}); render it with the cmt version "
+                       "that recorded it")
     if record_bytes != RECORD.itemsize or header_bytes > len(data) or HEADER.size + meta_bytes > header_bytes:
         raise CmtError(f"{source}: damaged recording header")
     meta = dict(line.split("=", 1) for line in
@@ -125,12 +162,15 @@ def parse_process(data: bytes, source: str) -> ProcessRecording:
     count = (len(data) - header_bytes) // RECORD.itemsize  # a partial last record (killed mid-write) is ignored
     raw = np.frombuffer(data, RECORD, count=count, offset=header_bytes)
     marker = raw["entry"] == MARKER_ENTRY
+    names = raw["entry"] == NAME_SLOT_ENTRY
+    h2h_from = meta.get("h2h_from", "off")
     return ProcessRecording(
         pid=pid, ppid=ppid, forked=bool(flags & 1), argv=argv, cmt_version=meta.get("cmt_version", "?"),
         monotonic_ns=mono, realtime_ns=real,
         names={t: meta.get(t, "").split(",") for t in NAME_TABLES},
         outcome_texts={k.removeprefix("outcome_text."): v for k, v in meta.items() if k.startswith("outcome_text.")},
-        records=raw[~marker].copy(), dropped=int(raw["bytes"][marker].sum()),
+        records=raw[~(marker | names)].copy(), dropped=int(raw["bytes"][marker].sum()),
+        callers=_names(raw[names]), h2h_from=int(h2h_from) if h2h_from.isdigit() else None,
     )
 
 

@@ -11,8 +11,8 @@ from rich.table import Table
 from .report import bucket_label, fmt_bytes
 
 # Outcomes shown as the reason a group was passed to the driver, when the recording has no text.
-_SHORT = {"accelerated": "accelerated", "below_minimum": "below minimum size", "pinned_host": "pinned",
-          "capturing": "capture", "no_context": "no context", "managed": "managed memory",
+_SHORT = {"accelerated": "accelerated", "no_driver": "no driver", "below_minimum": "below minimum size",
+          "pinned_host": "pinned", "capturing": "capture", "no_context": "no context", "managed": "managed memory",
           "warming": "setup still running", "backed_off": "backed off"}
 
 
@@ -38,7 +38,12 @@ def _header(model: dict[str, Any], console: Console) -> None:
     for p in model["processes"]:
         how = f"forked from {p['ppid']}" if p["forked"] else f"parent {p['ppid']}"
         argv = shlex.join(p["argv"])[:80] or "?"
-        console.print(f"    pid {p['pid']} ({how}): {argv}  {p['copies']:,} copies, {fmt_bytes(p['bytes'])}")
+        host = f", {p['host_copies']:,} host copies" if p.get("host_copies") else ""
+        console.print(f"    pid {p['pid']} ({how}): {argv}  {p['copies']:,} copies, {fmt_bytes(p['bytes'])}{host}")
+    h = model["host_copies"]
+    if h["copies"]:
+        console.print(f"  {h['copies']:,} large host copies (memcpy/memmove from {fmt_bytes(h['recorded_from'])}), "
+                      f"{fmt_bytes(h['bytes'])}, {_seconds(h['seconds'])}")
     if t["dropped"]:
         console.print(f"  [yellow]{t['dropped']:,} copies were not recorded (recording buffers full)[/yellow]")
 
@@ -85,8 +90,35 @@ def _saving(est: dict[str, Any], console: Console) -> None:
                       "measured bandwidth and are left out")
 
 
+def _host_copies_table(section: dict[str, Any]) -> Table:
+    table = Table(title=f"Host copies from {fmt_bytes(section['recorded_from'])} (h2h), by calling library",
+                  title_justify="left")
+    for name, justify in (("library", "left"), ("copies", "right"), ("bytes", "right"), ("time in call", "right"),
+                          ("GB/s", "right"), ("what cmt did", "left"), ("through", "left")):
+        table.add_column(name, justify=justify, no_wrap=name not in ("what cmt did", "through"))
+    for r in section["by_caller"]:
+        gbps = f"{r['gbps']:.2f}" if r["gbps"] is not None else "-"
+        table.add_row(r["library"], f"{r['count']:,}", fmt_bytes(r["bytes"]), _seconds(r["seconds"]), gbps,
+                      _what(r["outcomes"]), ", ".join(r["functions"]))
+    return table
+
+
+def _host_copies(section: dict[str, Any], console: Console) -> None:
+    if not section["copies"]:
+        return
+    console.print(_host_copies_table(section))
+    outcomes = {o for r in section["by_caller"] for o in r["outcomes"]}
+    notes = ["accelerated: split over cmt's threads"]
+    if "no_driver" in outcomes:
+        notes.append("no driver: the process had not loaded CUDA (cmt splits host copies only in processes that do)")
+    if "below_minimum" in outcomes:
+        notes.append("below minimum size: a pass rule of the tuned file covers the size")
+    console.print("  " + "; ".join(notes))
+
+
 def render(model: dict[str, Any], console: Console, chart_path: str | None = None) -> None:
     _header(model, console)
+    _host_copies(model["host_copies"], console)
     if not model["groups"]:
         console.print("  no host<->device copies were recorded (a program that never copies, or one that "
                       "cmt cannot preload into, such as a static or setuid binary)")

@@ -1,6 +1,7 @@
-"""The report model (a JSON-able dict): copies grouped by direction, host memory kind and
-power-of-two size bucket, with what cmt did with each group; the share of bytes by copy size;
-processes; totals; the estimated saving. `render` prints it, `--json` dumps it as is."""
+"""The report model (a JSON-able dict): host<->device copies grouped by direction, host memory kind
+and power-of-two size bucket, with what cmt did with each group; the share of bytes by copy size;
+processes; totals; the estimated saving; the large host copies by calling library (host_copies.py).
+`render` prints it, `--json` dumps it as is."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
-from . import saving
+from . import host_copies, saving
 from .recording import Copies, Recording
 
 REPORT_FORMAT = "cmt-profile-report"
-REPORT_VERSION = 1
+REPORT_VERSION = 2  # 2: host_copies
 DIRECTIONS = ("h2d", "d2h")
 KIND_ORDER = ("pageable", "pinned", "managed", "device", "unknown")
 
@@ -94,13 +95,19 @@ def share(c: Copies) -> dict[str, list[dict[str, Any]]]:
 
 
 def processes(rec: Recording) -> list[dict[str, Any]]:
-    return [{"pid": p.pid, "ppid": p.ppid, "forked": p.forked, "argv": p.argv, "cmt_version": p.cmt_version,
-             "copies": len(p.records), "bytes": int(p.records["bytes"].sum()), "dropped": p.dropped}
-            for p in sorted(rec.processes, key=lambda p: p.monotonic_ns)]
+    """Per process: its host<->device copies and bytes, and its recorded host copies."""
+    out = []
+    for p in sorted(rec.processes, key=lambda p: p.monotonic_ns):
+        host = p.is_host_copy()
+        out.append({"pid": p.pid, "ppid": p.ppid, "forked": p.forked, "argv": p.argv, "cmt_version": p.cmt_version,
+                    "copies": int((~host).sum()), "bytes": int(p.records["bytes"][~host].sum()),
+                    "host_copies": int(host.sum()), "dropped": p.dropped})
+    return out
 
 
 def build(rec: Recording, bandwidth: saving.Bandwidth | None, no_estimate_reason: str = "") -> dict[str, Any]:
-    c = rec.copies()
+    every = rec.copies()
+    c = every.select(np.isin(every.direction, DIRECTIONS))
     if bandwidth is not None:
         est = saving.estimate(c, bandwidth, bucket_of)
     else:
@@ -118,5 +125,6 @@ def build(rec: Recording, bandwidth: saving.Bandwidth | None, no_estimate_reason
         "groups": groups(c),
         "share": share(c),
         "saving": est,
+        "host_copies": host_copies.section(rec, every.select(every.direction == "h2h")),
         "outcome_texts": rec.outcome_texts(),
     }

@@ -1,6 +1,7 @@
 """The copies as a Chrome / Perfetto trace (JSON trace-event format, open at ui.perfetto.dev or
 chrome://tracing): per process, one track per calling thread and one per stream, each copy a
-complete ("X") event on both; "M" metadata events name the tracks."""
+complete ("X") event on both (a host copy, h2h, on its thread's only); "M" metadata events name
+the tracks."""
 
 from __future__ import annotations
 
@@ -55,12 +56,18 @@ def build(rec: Recording) -> dict[str, Any]:
                      "entry": entry, "stream": f"{stream:#x}", "result": int(c.result[i]),
                      "gbps": round(nbytes / secs / 1e9, 3) if secs > 0 else None},
         }
+        if c.direction[i] == "h2h":  # a host copy: no stream; its caller instead
+            event["args"].update(caller=str(c.caller[i]), call_site=f"{stream:#x}")
+            for k in ("host_kind", "stream", "result"):
+                del event["args"][k]
         events.append(event)
         if (pid, tid) not in threads:
             threads.add((pid, tid))
             label = "main thread" if tid == pid else f"thread {tid}"
             events.append(_meta("thread_name", pid, tid, {"name": label}))
             events.append(_meta("thread_sort_index", pid, tid, {"sort_index": 0 if tid == pid else 1}))
+        if c.direction[i] == "h2h":
+            continue
         key, stream_name = _stream_key(stream, entry, tid)
         ends = lanes.setdefault((pid, key), [])
         lane = next((j for j, e in enumerate(ends) if e <= start), len(ends))

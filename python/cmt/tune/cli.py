@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import functools
 import time
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 # numpy and rich are imported inside the command: `cmt tune --help` needs neither.
 
 DEFAULT_SIZES = "64K,256K,1M,4M,16M,64M,256M,1G"
-DIRECTIONS = ("h2d", "d2h")
+DIRECTIONS = ("h2d", "d2h", "h2h")  # h2h: large host memcpy calls, measured at their own sizes (host.py)
 VERIFY_MAX = 64 << 20  # correctness does not need the largest copies, and comparing them is slow
 
 
@@ -35,9 +36,10 @@ VERIFY_MAX = 64 << 20  # correctness does not need the largest copies, and compa
 @click.option("--out", metavar="FILE", help="Tuned file to write [default: <config folder>/<machine>.json, which "
               "`cmt run` picks up on this machine].")
 @click.option("--sizes", default=DEFAULT_SIZES, show_default=True, metavar="LIST",
-              help="Copy sizes to tune at (each starts a rule), a list (1M,64M) or a range (64K:1G).")
+              help="Copy sizes to tune h2d and d2h at (each starts a rule), a list (1M,64M) or a range (64K:1G).")
 @click.option("--directions", default=",".join(DIRECTIONS), show_default=True, metavar="LIST",
-              help="h2d, d2h or both; a direction not tuned keeps the rules in force now.")
+              help="Any of h2d, d2h and h2h (large host memcpy calls: the size from which cmt's threads beat "
+                   "one thread, measured from 512K to 64M); a direction not tuned keeps the rules in force now.")
 @click.option("--max-threads", type=click.IntRange(min=1), help="Most copy threads to try "
               "[default: the usable cores].")
 @click.option("--device", default=0, show_default=True, type=click.IntRange(min=0), help="GPU ordinal.")
@@ -149,6 +151,9 @@ class _Job:
             drv.close_device(dev)
         self.written = cfg.save(config, path)
         Console().print(self._table(path))
+        if any(r.direction == "h2h" for r in self.rows):
+            click.echo("h2h: host memcpy; 'driver' is one thread's, 'after' cmt's threads from the threshold up",
+                       err=True)
         tuning = config.extra["tuning"]
         click.echo(f"wrote {path} ({self.kind} search: {tuning['seconds']:.0f} s, {tuning['copies']:,} copies)",
                    err=True)
@@ -157,7 +162,7 @@ class _Job:
     # -- measuring ------------------------------------------------------------------------------
     def _measure(self, drv, dev, fp: dict[str, Any], before: cfg.Selection, status) -> cfg.TunedConfig:
         from .. import machine
-        from . import measure, model, search
+        from . import host, measure, model, search
 
         cores = machine.usable_cpus()
         grid = functools.partial(search.candidates, cores=cores, max_threads=self.max_threads)
@@ -166,10 +171,11 @@ class _Job:
         largest = cfg.Settings(widest, max(search.BUFFER_STEPS),
                                min(search.CHUNK_RANGE[1], max(4096, max(self.sizes) // 2)))
         old = before.config or cfg.from_plan(_active_plan(), "default")
+        capacity = max(max(self.sizes), max(host.SIZES) if "h2h" in self.directions else 0)
         results: dict[str, DirectionResult] = {}
         models: dict[str, dict[str, float]] = {}
         copies_per_sample = 2 if self.quick else measure.MAX_COPIES
-        with measure.Measurer(drv, dev, max(self.sizes), largest, copies_per_sample) as m, \
+        with measure.Measurer(drv, dev, capacity, largest, copies_per_sample) as m, \
                 _progress(status) as progress:
             bar = progress.add_task(f"{self.kind} search", total=self._planned(grid, opts))
 
@@ -177,7 +183,9 @@ class _Job:
                 progress.update(bar, advance=1, description=f"{self.kind} search: {what}")
 
             for d in self.directions:
-                if self.kind == "full":
+                if d == "h2h":
+                    results[d] = host.search_threshold(m, cores, self.max_threads, self.kind != "full", opts, tick)
+                elif self.kind == "full":
                     results[d] = search.search_direction(m, d, self.sizes, grid, opts, tick)
                 else:
                     tick(f"{d} probe")
@@ -190,7 +198,7 @@ class _Job:
                     if r.threshold is not None and x.nbytes >= r.threshold and x.settings is not None:
                         tick(f"{d} {format_size(x.nbytes)} verify")
                         m.verify(d, min(x.nbytes, VERIFY_MAX), x.settings)
-            self._compare(m, results, old, before, opts, tick)
+            self._compare(m, results, _with_host_rules(old), before, opts, tick)
             copies = m.count
         rules = {d: search.rules(results[d]) if d in results else old.rules.get(d, []) for d in DIRECTIONS}
         tuning: dict[str, Any] = {
@@ -208,12 +216,18 @@ class _Job:
                                {"tuning": tuning})
 
     def _planned(self, grid, opts) -> int:
-        from . import model, search
+        from .. import machine
+        from . import host, model, search
 
         instant = 2 * opts.final_samples + (model.SHORTLIST + 1) * opts.shortlist_samples
         per_size = [(search.planned_measurements(len(grid(n)), opts) if self.kind == "full" else instant)
                     + opts.final_samples for n in self.sizes]
-        return len(self.directions) * (sum(per_size) + 2 * opts.final_samples * opts.threshold_steps + len(self.sizes))
+        gpu = [d for d in self.directions if d != "h2h"]
+        total = len(gpu) * (sum(per_size) + 2 * opts.final_samples * opts.threshold_steps + len(self.sizes))
+        if "h2h" in self.directions:
+            total += host.planned_measurements(machine.usable_cpus(), self.max_threads, self.kind != "full", opts) \
+                + (opts.final_samples + 1) * len(host.SIZES)
+        return total
 
     def _compare(self, m, results: dict[str, DirectionResult], old: cfg.TunedConfig, before: cfg.Selection,
                  opts, tick) -> None:
@@ -253,6 +267,14 @@ class _Job:
                       r.after_what, f"{r.after / r.pageable:.2f}x" if r.pageable else "-",
                       f"{r.after / r.before:.2f}x" if r.before else "-")
         return t
+
+
+def _with_host_rules(config: cfg.TunedConfig) -> cfg.TunedConfig:
+    """`config` as `cmt run` applies it: a file without h2h rules gets the built-in ones."""
+    if config.rules.get("h2h"):
+        return config
+    built_in = cfg.from_plan(_active_plan()).rules["h2h"]
+    return dataclasses.replace(config, rules={**config.rules, "h2h": built_in})
 
 
 def _settings_of(config: cfg.TunedConfig, direction: str, nbytes: int) -> cfg.Settings | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ def _rules_table(conf: cfg.TunedConfig, title: str):
     t = Table(title=title, title_justify="left")
     for name in ("direction", "sizes", "mode", "threads", "buffers", "chunk", "stores", "GB/s", "gain"):
         t.add_column(name, justify="left" if name in ("direction", "sizes", "mode") else "right")
-    for direction in cfg.DIRECTIONS:
+    for direction in cfg.RULE_LISTS:
         rules = conf.rules.get(direction, [])
         if not rules or rules[0].min_bytes > 0:
             rules = [cfg.Rule(0), *rules]  # copies below the first rule pass through
@@ -45,9 +46,10 @@ def _rules_table(conf: cfg.TunedConfig, title: str):
             sizes = (f"{lo} to {hi}" if r.min_bytes else f"below {hi}") if hi else (f"{lo} and up" if r.min_bytes
                                                                                     else "all")
             gbps, gain, s = r.figures.get("gbps"), r.figures.get("gain"), r.settings
-            t.add_row(direction, sizes, "pass" if s is None else "stage",
-                      *(("-",) * 4 if s is None else (str(s.threads), str(s.buffers), format_size(s.chunk_bytes),
-                                                       s.stores)),
+            host = direction == "h2h"  # split over threads in pieces of `chunk`: no ring, no stores
+            t.add_row(direction, sizes, "pass" if s is None else "split" if host else "stage",
+                      *(("-",) * 4 if s is None else (str(s.threads), "-" if host else str(s.buffers),
+                                                       format_size(s.chunk_bytes), "-" if host else s.stores)),
                       f"{gbps:.1f}" if isinstance(gbps, (int, float)) else "-",
                       f"{gain:.2f}x" if isinstance(gain, (int, float)) else "-")
     return t
@@ -79,7 +81,14 @@ def show(config_path):
         out.print("[bold]this machine:[/] not identified without CUDA (no GPU in /proc/driver/nvidia; "
                   "`cmt tune` records it)")
     out.print(f"[bold]tuned files:[/] {cfg.user_dir()}  [bold]shipped profiles:[/] {cfg.PROFILES_DIR}")
+    built_in_h2h = not conf.rules.get("h2h")
+    if built_in_h2h:  # what `cmt run` applies to a file without h2h rules
+        conf = dataclasses.replace(conf, rules={**conf.rules, "h2h": cfg.from_plan(native.active_plan()).rules["h2h"]})
     out.print(_rules_table(conf, "rules (GB/s and gain: measured when tuned)"))
+    source = ("built-in" if selection.config is None else "built-in: the file has none" if built_in_h2h
+              else "the file's")
+    out.print(f"  h2h: large host memcpy/memmove, split over threads in pieces of `chunk` (rules {source}); "
+              '"h2h": [{"min_bytes": 0, "mode": "pass"}] turns it off')
 
 
 @config.command("validate")

@@ -5,12 +5,17 @@ copies by CUDA events).
 `Measurer` is the search's `measure(direction, nbytes, settings) -> GB/s`: one sample is the
 median of a few copies (enough to move ~32 MiB, at most 16), so that every sample costs about the
 same whatever the size, after a warm-up copy when the settings changed (small copies only: a large
-copy is long against waking the lanes).
+copy is long against waking the lanes). Host copies (direction h2h) are timed here: one thread's
+libc memmove (settings None) or cmt's engine split as given (native.host_copy), each copy between
+the next windows of the bench's buffers, so that a small copy does not run from the caches as the
+same copy repeated would, while a program's copies of fresh data do not.
 """
 
 from __future__ import annotations
 
+import ctypes
 import statistics
+import time
 from dataclasses import replace
 
 from .. import cuda, native
@@ -33,6 +38,7 @@ class Measurer:
         self.max_copies = max_copies
         self.bench = copy_sweep.CopyBench(drv, device, capacity)
         self.count = 0  # timed copies
+        self._window = 0  # the next host copy's window in the buffers
         self._last: tuple[str, Settings | None] | None = None
         try:
             # One copy with the most lanes and the largest ring allocates every staging buffer now,
@@ -61,12 +67,38 @@ class Measurer:
         copies = max(1, min(self.max_copies, SAMPLE_BYTES // nbytes))
         warmup = 0 if self._last == (direction, settings) or nbytes >= WARMUP_BELOW else 1
         self._last = (direction, settings)
+        if direction == "h2h":
+            self.count += copies + warmup
+            return self._host_copies(nbytes, settings, copies, warmup)
         r = copy_sweep.measure(self.bench, mode, direction, nbytes, copies, warmup, settings, verify=False)
         if mode == "cmt" and r.outcome != "accelerated":
             raise CmtError(f"cmt's engine did not stage a {direction} copy of {nbytes} bytes ({r.outcome})",
                            exit_code=1)
         self.count += copies + warmup
         return r.median_gbps
+
+    def _host_copies(self, nbytes: int, settings: Settings | None, copies: int, warmup: int) -> float:
+        """GB/s of the median of `copies` host copies, each between the next windows of the buffers."""
+        b = self.bench
+        if nbytes > b.capacity:
+            raise CmtError(f"a host copy of {nbytes} bytes does not fit the {b.capacity}-byte buffers")
+        src, dst = copy_sweep.address(b.src), copy_sweep.address(b.dst)
+        windows = max(1, b.capacity // nbytes)
+        seconds = []
+        for i in range(warmup + copies):
+            at = (self._window % windows) * nbytes
+            self._window += 1
+            t0 = time.perf_counter()
+            if settings is None:
+                ctypes.memmove(dst + at, src + at, nbytes)
+            else:
+                outcome = native.host_copy(dst + at, src + at, nbytes, settings.as_dict())
+                if outcome != "accelerated":
+                    raise CmtError(f"cmt's engine did not split a host copy of {nbytes} bytes ({outcome})",
+                                   exit_code=1)
+            if i >= warmup:
+                seconds.append(time.perf_counter() - t0)
+        return nbytes / statistics.median(seconds) / GB
 
     def verify(self, direction: str, nbytes: int, settings: Settings | None) -> None:
         """Random data through these settings, checked byte for byte (VerificationError if wrong)."""

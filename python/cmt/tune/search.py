@@ -187,7 +187,8 @@ def _store_mode(s: _Samples, best: Settings, opts: Options) -> Settings:
 
 
 def search_size(measure: Measure, direction: str, nbytes: int, grid: Iterable[Settings],
-                opts: Options = Options(), tick: Tick | None = None) -> SizeResult:
+                opts: Options = Options(), tick: Tick | None = None, stores: bool = True) -> SizeResult:
+    """`stores`: also try the winner with the other store mode (host copies have none)."""
     grid = list(grid)
     s = _Samples(measure, direction, nbytes, tick)
     pageable = s.top_up(None, opts.final_samples)
@@ -195,7 +196,8 @@ def search_size(measure: Measure, direction: str, nbytes: int, grid: Iterable[Se
         return SizeResult(direction, nbytes, None, 0.0, pageable, 0, s.count)
     finalists = _halve(s, grid, opts)
     best = max(finalists, key=lambda c: (s.median(c), [-x for x in resource(c)]))
-    best = _store_mode(s, best, opts)
+    if stores:
+        best = _store_mode(s, best, opts)
     chosen = _least_resources(s, best, opts)
     return SizeResult(direction, nbytes, chosen, s.median(chosen), pageable, len(grid), s.count)
 
@@ -233,7 +235,8 @@ def confirm(measure: Measure, direction: str, nbytes: int, settings: Settings | 
 
 
 def pick_measured(measure: Measure, direction: str, nbytes: int, shortlist: Sequence[Settings],
-                  n_candidates: int, opts: Options = Options(), tick: Tick | None = None) -> SizeResult:
+                  n_candidates: int, opts: Options = Options(), tick: Tick | None = None,
+                  stores: bool = True) -> SizeResult:
     """The instant search's last step: a few candidates measured side by side (the model's best
     guesses and the settings in force), the best median wins, is tried with the other store mode,
     and is measured against the driver's copy. A model misses what it does not describe (a staging
@@ -245,7 +248,8 @@ def pick_measured(measure: Measure, direction: str, nbytes: int, shortlist: Sequ
     for c in shortlist:
         s.top_up(c, opts.shortlist_samples)
     best = max(shortlist, key=lambda c: (s.median(c), [-x for x in resource(c)]))
-    best = _store_mode(s, best, opts)  # the model has no term for it: measured, as in the full search
+    if stores:
+        best = _store_mode(s, best, opts)  # the model has no term for it: measured, as in the full search
     staged = s.top_up(best, max(opts.final_samples, opts.shortlist_samples))
     return SizeResult(direction, nbytes, best, staged, pageable, n_candidates, s.count)
 
@@ -267,16 +271,22 @@ def direction_result(direction: str, results: list[SizeResult], opts: Options = 
 
 def search_direction(measure: Measure, direction: str, sizes: Sequence[int],
                      grid: Callable[[int], list[Settings]], opts: Options = Options(),
-                     tick: Tick | None = None) -> DirectionResult:
+                     tick: Tick | None = None, stores: bool = True) -> DirectionResult:
     """Every size, then the pass-through threshold: the lowest size from which staging wins at
     every measured size above, narrowed by bisection towards the largest size that passes."""
-    results = [search_size(measure, direction, n, grid(n), opts, tick) for n in sorted(set(sizes))]
-    found = direction_result(direction, results, opts)
-    first = first_staged(results, opts)
+    results = [search_size(measure, direction, n, grid(n), opts, tick, stores) for n in sorted(set(sizes))]
+    return refine_threshold(measure, direction_result(direction, results, opts), opts, tick)
+
+
+def refine_threshold(measure: Measure, found: DirectionResult, opts: Options = Options(),
+                     tick: Tick | None = None) -> DirectionResult:
+    """The threshold of `found` narrowed by bisection towards the largest size that passes."""
+    first = first_staged(found.sizes, opts)
     if found.threshold is None or first == 0:
         return found
-    threshold, figures, extra = _refine_threshold(measure, results[first - 1].nbytes, results[first], opts, tick)
-    return DirectionResult(direction, results, threshold, figures, found.measurements + extra)
+    threshold, figures, extra = _refine_threshold(measure, found.sizes[first - 1].nbytes, found.sizes[first], opts,
+                                                  tick)
+    return DirectionResult(found.direction, found.sizes, threshold, figures, found.measurements + extra)
 
 
 def rules(result: DirectionResult) -> list[Rule]:

@@ -6,7 +6,9 @@ Each workload is one script in this folder, run as its own process twice: plainl
 for the suite's first workload, which warms the file cache for the imports), and prints one JSON
 line last:
 `{"inner_s": ..., "bytes": ..., "inner_label": ...}`, or `{"skip": "one-line reason"}` (exit 0)
-when its framework, a GPU or enough memory is missing. `_common.py` has the helpers.
+when its framework, a GPU or enough memory is missing. `_common.py` has the helpers. A workload of a
+`family` shares its work folder with the family's others (the model-load workloads read one model),
+and `args` are the script's own options (one script, many workloads).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import CmtError
+from ._loaders import LOADERS
 
 HERE = Path(__file__).resolve().parent
 
@@ -26,6 +29,8 @@ class Workload:
     description: str
     prepare: bool = False  # writes input files both timed runs read
     smoke: bool = False  # in the --quick selection (each run costs seconds of interpreter and imports)
+    args: tuple[str, ...] = ()  # the script's own options
+    family: str | None = None  # workloads of a family share one work folder
 
     @property
     def path(self) -> Path:
@@ -46,6 +51,13 @@ WORKLOADS: tuple[Workload, ...] = (
     Workload("dcp-async-save", "dcp_async_save.py", "torch.distributed.checkpoint async_save of a GPU model"),
     Workload("activation-offload", "activation_offload.py", "training steps with save_on_cpu activation offload"),
     Workload("dataloader", "dataloader.py", "a DataLoader feeding pageable batches to the GPU"),
+    # model-load: each loader of _loaders.py over one 3.9 GB safetensors model, from the page cache and the disk
+    *(Workload(f"model-load-{name}-{cache}", "model_load.py", f"{loader.label}, {cache} page cache", prepare=True,
+               args=("--loader", name, "--cache", cache), family="model-load")
+      for name, loader in LOADERS.items()
+      for cache in ("warm", "cold")),
+    Workload("model-load-cpp-warm", "cpp_read_copy.py", "C++: std::ifstream::read of the model tensor by tensor into "
+             "one pageable buffer, cudaMemcpy of each, warm page cache", prepare=True, family="model-load"),
 )
 
 

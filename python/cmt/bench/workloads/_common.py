@@ -17,11 +17,15 @@ from typing import Any, NoReturn
 GiB = 1 << 30
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(**choices: list[str]) -> argparse.Namespace:
+    """The arguments every script takes; `choices`: a script's own options (--NAME, one of a list),
+    which its entries in WORKLOADS pass."""
     p = argparse.ArgumentParser()
     p.add_argument("--quick", action="store_true", help="smaller data, fewer repetitions")
     p.add_argument("--prepare", action="store_true", help="check requirements and create input files only")
     p.add_argument("--work-dir", type=Path, default=Path("."), help="scratch space shared by the runs")
+    for name, values in choices.items():
+        p.add_argument(f"--{name}", choices=values, required=True)
     return p.parse_args()
 
 
