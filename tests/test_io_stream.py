@@ -37,6 +37,8 @@ def test_read_async_runs_after_the_streams_earlier_work_and_before_its_later_wor
         assert took < 1.0, took  # the call did not wait for the stream
         waits = drv.call_count("cuStreamWaitValue32_v2")
         assert (waits >= 1) if {wait_on_memory!r} else (drv.call_count("cuLaunchHostFunc") >= 3)
+        # the first use of the engine made its streams and staging before the stream waited for them
+        assert drv.call_count("setup_while_waiting") == 0, drv.call_count("setup_while_waiting")
     ''', **env)
 
 

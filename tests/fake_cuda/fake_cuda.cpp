@@ -174,6 +174,16 @@ const char* const kNames[] = {
 std::atomic<unsigned long long> g_counts[IDX_COUNT];
 #define COUNT(n) g_counts[IDX_##n].fetch_add(1, std::memory_order_relaxed)
 
+// The real driver takes a context-wide lock to create a stream or to pin or unpin memory; a kernel
+// launched meanwhile onto a stream that waits on memory holds it, so such a call made by whoever is
+// to release the wait deadlocks (seen on the H100/H200 driver). Here those calls are counted while a
+// stream waits on memory: fakecuda_call_count("setup_while_waiting").
+std::atomic<int> g_waits_polling{0};
+std::atomic<unsigned long long> g_setup_while_waiting{0};
+void note_setup_call() {
+  if (g_waits_polling.load(std::memory_order_acquire) > 0) g_setup_while_waiting.fetch_add(1);
+}
+
 using Clock = std::chrono::steady_clock;
 
 struct Context;
@@ -997,6 +1007,10 @@ CUresult wait_value32(CUstream h, CUdeviceptr addr, uint32_t value, unsigned fla
   return enqueue(
       s,
       [word, value, cond, keep] {
+        g_waits_polling.fetch_add(1, std::memory_order_acq_rel);
+        struct Done {
+          ~Done() { g_waits_polling.fetch_sub(1, std::memory_order_acq_rel); }
+        } done;
         for (;;) {
           const uint32_t v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
           const bool met = cond == 0   ? static_cast<int32_t>(v - value) >= 0  // GEQ, cyclic
@@ -1553,6 +1567,7 @@ FAKE_EXPORT CUresult cuMemsetD8Async_ptsz(CUdeviceptr d, unsigned char v, size_t
 
 FAKE_EXPORT CUresult cuMemHostAlloc(void** pp, size_t n, unsigned int flags) {
   COUNT(cuMemHostAlloc);
+  note_setup_call();
   (void)flags;
   Context* c;
   CUresult rc = need_ctx(&c);
@@ -1566,6 +1581,7 @@ FAKE_EXPORT CUresult cuMemHostAlloc(void** pp, size_t n, unsigned int flags) {
 
 FAKE_EXPORT CUresult cuMemAllocHost_v2(void** pp, size_t n) {
   COUNT(cuMemAllocHost_v2);
+  note_setup_call();
   Context* c;
   CUresult rc = need_ctx(&c);
   if (rc) return rc;
@@ -1575,6 +1591,7 @@ FAKE_EXPORT CUresult cuMemAllocHost_v2(void** pp, size_t n) {
 
 FAKE_EXPORT CUresult cuMemFreeHost(void* p) {
   COUNT(cuMemFreeHost);
+  note_setup_call();
   NEED_INIT();
   if (!p) return CUDA_SUCCESS;
   AP a = table_remove(reinterpret_cast<uintptr_t>(p), {MKind::PINNED});
@@ -1785,10 +1802,12 @@ CUresult stream_create(CUstream* ph, unsigned flags, int prio) {
 
 FAKE_EXPORT CUresult cuStreamCreate(CUstream* ph, unsigned int flags) {
   COUNT(cuStreamCreate);
+  note_setup_call();
   return stream_create(ph, flags, 0);
 }
 FAKE_EXPORT CUresult cuStreamCreateWithPriority(CUstream* ph, unsigned int flags, int prio) {
   COUNT(cuStreamCreateWithPriority);
+  note_setup_call();
   return stream_create(ph, flags, prio);
 }
 
@@ -2153,6 +2172,7 @@ FAKE_EXPORT CUresult cuGetProcAddress_v2_ptsz(const char* sym, void** pfn, int v
 // =============================================================================================
 FAKE_EXPORT long long fakecuda_call_count(const char* name) {
   if (!name) return -1;
+  if (strcmp(name, "setup_while_waiting") == 0) return static_cast<long long>(g_setup_while_waiting.load());
   for (int i = 0; i < IDX_COUNT; ++i)
     if (strcmp(kNames[i], name) == 0) return static_cast<long long>(g_counts[i].load());
   return -1;
@@ -2160,6 +2180,7 @@ FAKE_EXPORT long long fakecuda_call_count(const char* name) {
 
 FAKE_EXPORT void fakecuda_reset_counts(void) {
   for (auto& c : g_counts) c.store(0);
+  g_setup_while_waiting.store(0);
 }
 
 // A "kernel": an op on the stream (same ordering rules as copies) that sleeps, then memsets.
