@@ -1,6 +1,7 @@
 """Large reads of regular files under `cmt run` (native/src/large_read.hpp): split over the engine's
 lanes from 4 MiB, with the single call's result, errno, bytes and file position in every case (end of
-file, iovecs, errors, a partly unmapped buffer, O_DIRECT), pipes and small reads untouched."""
+file, iovecs, errors, a partly unmapped buffer, O_DIRECT, O_APPEND, O_NONBLOCK, a reused descriptor
+number), pipes, sockets, terminals, devices and small reads untouched; an I/O error in the middle."""
 
 from __future__ import annotations
 
@@ -37,6 +38,12 @@ SPLIT = {
     "O_DIRECT, aligned, to the end": True,
     "O_DIRECT, unaligned buffer": False,
     "O_DIRECT, unaligned offset": False,
+    "O_APPEND descriptor": True,
+    "O_NONBLOCK descriptor": True,
+    "a descriptor number reused for another file": True,
+    "a character device": False,
+    "a socket": False,
+    "a terminal": False,
     "pipe": False,
     "two readers of one open file": True,
     "readv, more than IOV_MAX iovecs": False,
@@ -93,3 +100,41 @@ def test_on_spinning_disks_only_cached_ranges_are_split(run_c_program, tmp_path)
     seen = run(run_c_program, tmp_path, {"CMT_TEST_HOOKS": "wait_setup=1,rotational=1"})
     assert seen["read, whole file, cold"]["split"] == 0  # one sequential read: the head does not seek
     assert seen["read, whole file into a larger buffer"]["split"] == 1  # written just before: cached
+
+
+def fault(run_c_program, tmp_path: Path, hooks: str, call: str, start: int) -> dict[str, str]:
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    env = {"LD_PRELOAD": str(library_path()), "CMT_PLAN": PLAN,
+           "CMT_TEST_HOOKS": "wait_setup=1,rotational=0," + hooks}
+    proc = run_c_program(SOURCE, tmp_path, args=[str(data), "fault", call, str(start)], timeout=240, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == "done" and lines[-2].startswith("fault "), proc.stdout + proc.stderr
+    return dict(f.split("=") for f in lines[-2].split()[1:])
+
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize("call", ["read", "pread"])
+def test_a_transient_error_in_the_middle_is_read_again(run_c_program, tmp_path, call):
+    # The first read that reaches the offset fails with EIO; the calling thread reads on from there.
+    start = 12345
+    got = fault(run_c_program, tmp_path, f"read_eio={start + 5 * MIB + 777},read_eio_once=1", call, start)
+    pos = start + 16 * MIB if call == "read" else 0
+    assert got == {"ret": str(16 * MIB), "errno": "0", "pos": str(pos), "exact": "1", "past": "unchanged"}, got
+
+
+@pytest.mark.parametrize("call", ["read", "pread"])
+@pytest.mark.parametrize("at", [5 * MIB + 777, 0], ids=["middle", "start"])
+def test_a_lasting_error_returns_what_the_single_call_returns(run_c_program, tmp_path, call, at):
+    # Every read of that offset fails: the bytes before it (or -1 EIO), the position after them. Past
+    # them the buffer is as it was, or holds the file's own bytes where later pieces had read already
+    # (the documented limit, docs/storage.md): never anything else.
+    start = 12345
+    got = fault(run_c_program, tmp_path, f"read_eio={start + at}", call, start)
+    ret = at if at else -1
+    pos = (start + at if call == "read" else 0)
+    assert (got["ret"], got["errno"], got["pos"], got["exact"]) == (str(ret), "0" if at else "5", str(pos), "1"), got
+    assert got["past"] in ("unchanged", "file"), got

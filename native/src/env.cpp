@@ -99,7 +99,9 @@ void read_test_hooks(Env& e) {
     else if (ok && key == "maps" && n <= 1) e.test_parse_maps = n == 1;
     else if (ok && key == "mapped_fail" && n <= 1) e.test_mapped_fail = n == 1;
     else if (ok && key == "rotational" && n <= 1) e.test_rotational = static_cast<int>(n);
-    else warn("CMT_TEST_HOOKS item", item.c_str(), "piece=, late_start_us=, guard=0, wait_setup=1, park_piece=, park_us=, park_before=1, maps=1, mapped_fail=1, rotational=, sysfs=");
+    else if (ok && key == "read_eio") e.test_read_eio = n;
+    else if (ok && key == "read_eio_once" && n <= 1) e.test_read_eio_once = n == 1;
+    else warn("CMT_TEST_HOOKS item", item.c_str(), "piece=, late_start_us=, guard=0, wait_setup=1, park_piece=, park_us=, park_before=1, maps=1, mapped_fail=1, rotational=, read_eio=, read_eio_once=1, sysfs=");
   }
 }
 

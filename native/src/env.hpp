@@ -37,6 +37,8 @@ struct Env {
   bool test_parse_maps = false;  // maps=1: /proc/self/maps is parsed, as on kernels without PROCMAP_QUERY
   bool test_mapped_fail = false;  // mapped_fail=1: copies from mapped files read wrong bytes, then fail
   int test_rotational = -1;      // rotational=0|1: every file's disk spins or not (disk_kind.hpp); -1 ask
+  long test_read_eio = -1;       // read_eio=OFFSET: large reads fail with EIO at that file offset (large_read.cpp)
+  bool test_read_eio_once = false;  // read_eio_once=1: only the first time
   std::string test_sysfs;  // sysfs=PATH: where the NUMA placement reads sysfs (a made-up tree)
 };
 

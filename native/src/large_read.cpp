@@ -22,6 +22,7 @@
 #include "env.hpp"
 #include "file_end.hpp"
 #include "host_copy.hpp"
+#include "log.hpp"
 #include "page_cache.hpp"
 #include "prefault.hpp"
 
@@ -74,8 +75,10 @@ struct ReadJob {
   const iovec* iov = nullptr;
   int iovcnt = 0;
   uint64_t start = 0, len = 0, piece = 0;
+  uint64_t align = 1;  // O_DIRECT: a short read that leaves an unaligned position is the file's end
   std::atomic<uint64_t> next{0};
   std::atomic<uint64_t> stop{UINT64_MAX};  // where the bytes stop: the first short piece's end
+  std::atomic<uint64_t> written{0};        // the end of the furthest bytes any lane read into the buffer
   struct Short {
     uint64_t at = UINT64_MAX;
     int err = 0;
@@ -89,30 +92,63 @@ void note_short(ReadJob& j, int lane, uint64_t at, int err) {
   }
 }
 
+// CMT_TEST_HOOKS read_eio=OFFSET: the lanes' reads stop at that file offset and fail there with EIO;
+// read_eio_once=1: only the first time (a transient error). UINT64_MAX: no such failure.
+std::atomic<bool> g_eio_spent{false};
+uint64_t eio_offset() {
+  const long e = env().test_read_eio;
+  if (__builtin_expect(e < 0, 1)) return UINT64_MAX;
+  return env().test_read_eio_once && g_eio_spent.load(std::memory_order_relaxed) ? UINT64_MAX : static_cast<uint64_t>(e);
+}
+
 // Reads the bytes [a, b) of the request (a flat range over its iovecs) at file offset start + a, at
-// most kSubIov iovecs a system call; a short read or an error ends the piece.
+// most kSubIov iovecs a system call, on over short reads (as transfer_all in file_end.cpp) and EINTR;
+// the end of the file or an error ends the piece.
 void read_range(ReadJob& j, uint64_t a, uint64_t b, int lane) {
   int seg = 0;
   uint64_t seg_start = 0;  // the flat offset of iov[seg]
-  while (seg < j.iovcnt && seg_start + j.iov[seg].iov_len <= a) seg_start += j.iov[seg++].iov_len;
   uint64_t pos = a;
   while (pos < b) {
+    while (seg < j.iovcnt && seg_start + j.iov[seg].iov_len <= pos) seg_start += j.iov[seg++].iov_len;
+    uint64_t end = b;
+    const uint64_t eio = eio_offset();
+    if (__builtin_expect(eio != UINT64_MAX, 0) && j.start + pos <= eio && eio < j.start + b) {
+      if (j.start + pos == eio) {
+        g_eio_spent.store(true, std::memory_order_relaxed);
+        return note_short(j, lane, pos, EIO);
+      }
+      end = eio - j.start;
+    }
     iovec sub[kSubIov];
-    int k = 0;
-    uint64_t want = 0;
-    while (k < kSubIov && pos + want < b && seg < j.iovcnt) {
-      const uint64_t in = pos + want - seg_start;
-      const uint64_t take = std::min<uint64_t>(j.iov[seg].iov_len - in, b - (pos + want));
-      if (take) sub[k++] = {static_cast<char*>(j.iov[seg].iov_base) + in, take};
+    int k = 0, s = seg;
+    uint64_t want = 0, s_start = seg_start;
+    while (k < kSubIov && pos + want < end && s < j.iovcnt) {
+      const uint64_t in = pos + want - s_start;
+      const uint64_t take = std::min<uint64_t>(j.iov[s].iov_len - in, end - (pos + want));
+      if (take) sub[k++] = {static_cast<char*>(j.iov[s].iov_base) + in, take};
       want += take;
-      if (in + take == j.iov[seg].iov_len) seg_start += j.iov[seg++].iov_len;
+      if (in + take == j.iov[s].iov_len) s_start += j.iov[s++].iov_len;
     }
     const off_t at = static_cast<off_t>(j.start + pos);
     const ssize_t r = k == 1 ? sys_pread(j.fd, sub[0].iov_base, sub[0].iov_len, at) : sys_preadv(j.fd, sub, k, at);
+    if (r < 0 && errno == EINTR) continue;
     if (r < 0) return note_short(j, lane, pos, errno);
-    if (static_cast<uint64_t>(r) < want) return note_short(j, lane, pos + static_cast<uint64_t>(r), 0);
-    pos += want;
+    if (r == 0) return note_short(j, lane, pos, 0);  // the end of the file (cut since fstat)
+    pos += static_cast<uint64_t>(r);
+    uint64_t w = j.written.load(std::memory_order_relaxed);
+    while (pos > w && !j.written.compare_exchange_weak(w, pos, std::memory_order_relaxed)) {
+    }
+    if (static_cast<uint64_t>(r) < want && pos % j.align) return note_short(j, lane, pos, 0);  // O_DIRECT's end
   }
+}
+
+// Where the bytes of the job stop (the first short piece's end, or len) and its error.
+uint64_t first_short(const ReadJob& j, uint64_t len, int* err) {
+  uint64_t done = len;
+  for (const auto& s : j.shorts) {
+    if (s.at < done) done = s.at, *err = s.err;
+  }
+  return done;
 }
 
 void read_pieces(void* arg, int lane) {
@@ -170,8 +206,9 @@ ssize_t split_read(int fd, const iovec* iov, int iovcnt, bool positional, off_t 
   const uint64_t avail = size > static_cast<uint64_t>(here) ? size - static_cast<uint64_t>(here) : 0;
   const uint64_t len = std::min(total, round_up(avail, align));
   if (len < g_threshold.load(std::memory_order_relaxed)) return plain();
-  // A spinning disk reads one sequential stream faster than pieces at once: split only what is cached.
-  if (rotational_device(st.st_dev) && resident_fraction(fd, static_cast<uint64_t>(here), len) < 0.5) return plain();
+  // A spinning disk reads one sequential stream faster than pieces at once: split only a range wholly in
+  // the page cache (a part of it read from the disk in pieces would make the head seek between them).
+  if (rotational_device(st.st_dev) && resident_fraction(fd, static_cast<uint64_t>(here), len) < 1) return plain();
 
   InsideCmt inside;  // the lanes' own calls, and any signal handler's, are plain
   int cancel = 0;
@@ -196,13 +233,25 @@ ssize_t split_read(int fd, const iovec* iov, int iovcnt, bool positional, off_t 
   job.start = start;
   job.len = len;
   job.piece = round_up(piece, align);
+  job.align = align;
   const bool split = engine_host_lanes(std::min<int>(lanes, static_cast<int>((len + job.piece - 1) / job.piece)),
                                        &read_pieces, &job);
   if (!split) read_pieces(&job, 0);  // another host copy has the pool: this thread alone
-  uint64_t done = len;
   int err = 0;
-  for (const auto& s : job.shorts) {
-    if (s.at < done) done = s.at, err = s.err;
+  uint64_t done = first_short(job, len, &err);
+  if (done < len && (err || job.written.load() > done) && done % align == 0) {
+    // An error, or the file cut below bytes later pieces read already: the single call would have
+    // returned fewer bytes and left those untouched. Read on from there in this thread, once: a
+    // transient error, or a file that grew again, then returns every byte up to theirs.
+    for (auto& s : job.shorts) s = {};
+    read_range(job, done, len, 0);
+    int again = 0;
+    const uint64_t now = first_short(job, len, &again);
+    if (now > done) done = now, err = again;
+    if (job.written.load() > done) {
+      log::debug_once(0xA08, "a large read met an error or the file's end where later pieces had read already: the "
+                      "buffer past the bytes returned holds some of the file's later bytes");
+    }
   }
   if (!positional && done != len) lseek(fd, static_cast<off_t>(start + done), SEEK_SET);
   pthread_setcancelstate(cancel, nullptr);

@@ -11,9 +11,12 @@
 // of it at once (lseek SEEK_CUR), so that another reader of the same open file reads after it; a
 // request is cut to what one call may return (0x7ffff000 bytes); an O_DIRECT descriptor is split
 // only where its buffers, length and offset are aligned, in pieces that keep them so.
-// Not quite the same: pieces past the first short one may have filled part of the buffer beyond the
-// bytes returned (a read that meets an error or a file cut meanwhile), and the call is no pthread
-// cancellation point while the lanes read.
+// A piece reads on over short reads and EINTR; an error, or the file's end before its size said
+// (cut meanwhile), ends it, and the calling thread then reads on once from there (a transient error
+// costs nothing). Not quite the same: only if that fails too may pieces further on have filled part
+// of the buffer past the bytes returned (with the file's bytes for those offsets; the kernel's own
+// O_DIRECT reads do the same on an error), and the call is no pthread cancellation point while the
+// lanes read. On a spinning disk only ranges wholly in the page cache are split.
 // The plain call serves everything else: before the library is initialised, processes that do not
 // use CUDA, cmt's own threads (and signal handlers that interrupt them), forked children, CMT_DISABLE,
 // pipes, sockets, terminals and every file that is not regular, and reads the file size says are

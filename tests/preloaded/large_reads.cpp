@@ -4,10 +4,15 @@
 // results, errno, the bytes and the file positions after. Prints per case
 //   case <name> split=<reads split over the lanes> alone=<reads done by the calling thread alone>
 // then "done". argv[1]: a directory on a disk-backed file system.
+// argv[2] "fault", argv[3] read|pread, argv[4] START (with CMT_TEST_HOOKS read_eio=...): one read of
+// 16 MiB from START into a buffer filled with 0x5a, printed as
+//   fault ret=<r> errno=<e> pos=<file position after> exact=<returned bytes are the file's: 0|1>
+//         past=<the buffer past them: unchanged|file (some bytes are the file's at their offsets)|other>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <sys/mman.h>
@@ -141,6 +146,29 @@ int main(int argc, char** argv) {
   const size_t big = 24 * MIB;
   unsigned char* a = fresh(big);
   unsigned char* b = fresh(big);
+  if (argc > 4 && !strcmp(argv[2], "fault")) {
+    const bool positional = !strcmp(argv[3], "pread");
+    const off_t start = strtoll(argv[4], nullptr, 10);
+    memset(a, 0x5a, big);
+    int fd = open(g_path.c_str(), O_RDONLY);
+    lseek(fd, positional ? 0 : start, SEEK_SET);
+    errno = 0;
+    const ssize_t r = positional ? pread(fd, a, 16 * MIB, start) : read(fd, a, 16 * MIB);
+    const int err = errno;
+    const off_t pos = lseek(fd, 0, SEEK_CUR);
+    const size_t got = r > 0 ? static_cast<size_t>(r) : 0;
+    bool exact = true, file = false, other = false;
+    for (size_t i = 0; i < got; ++i) exact = exact && a[i] == pattern(static_cast<uint64_t>(start) + i);
+    for (size_t i = got; i < big; ++i) {
+      if (a[i] == 0x5a) continue;
+      if (i < 16 * MIB && a[i] == pattern(static_cast<uint64_t>(start) + i)) file = true;
+      else other = true;
+    }
+    printf("fault ret=%zd errno=%d pos=%lld exact=%d past=%s\n", r, r < 0 ? err : 0, static_cast<long long>(pos),
+           exact ? 1 : 0, other ? "other" : file ? "file" : "unchanged");
+    printf("done\n");
+    return 0;
+  }
   auto sys_read = [&](unsigned char* buf, size_t n) {
     return [=](int fd) { return static_cast<ssize_t>(syscall(SYS_read, fd, buf, n)); };
   };
@@ -231,6 +259,83 @@ int main(int argc, char** argv) {
   compare("O_DIRECT, unaligned offset", [&](int fd) { return pread(fd, da, 8 * MIB, 100); },
           sys_pread(db, 8 * MIB, 100), da, db, 0, O_RDONLY | O_DIRECT);
 
+  // Flags that do not change what a read of a regular file does: read and position as ever.
+  compare("O_APPEND descriptor", [&](int fd) { return read(fd, a, 9 * MIB); }, sys_read(b, 9 * MIB), a, b, 4321,
+          O_RDWR | O_APPEND);
+  compare("O_NONBLOCK descriptor", [&](int fd) { return read(fd, a, 9 * MIB); }, sys_read(b, 9 * MIB), a, b, 99,
+          O_RDONLY | O_NONBLOCK);
+  // A descriptor number closed and opened again on another file: nothing is kept per descriptor.
+  {
+    const std::string other = std::string(argv[1]) + "/other.bin";
+    int w = open(other.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+    std::vector<unsigned char> buf(8 * MIB);
+    for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<unsigned char>(~pattern(i));
+    if (w < 0 || syscall(SYS_pwrite64, w, buf.data(), buf.size(), 0) != static_cast<ssize_t>(buf.size())) {
+      die("write other");
+    }
+    close(w);
+    int first = open(g_path.c_str(), O_RDONLY);
+    if (first < 0 || read(first, a, 6 * MIB) != static_cast<ssize_t>(6 * MIB)) die("reused descriptor: first");
+    close(first);
+    const unsigned long long s0 = reads("split"), l0 = reads("alone");
+    int second = open(other.c_str(), O_RDONLY);
+    if (second != first) die("reused descriptor: another number");
+    if (read(second, a, big) != static_cast<ssize_t>(buf.size()) || memcmp(a, buf.data(), buf.size())) {
+      die("reused descriptor: bytes");
+    }
+    close(second);
+    printf("case a descriptor number reused for another file split=%llu alone=%llu\n", reads("split") - s0,
+           reads("alone") - l0);
+  }
+  // A character device, a socket and a terminal: the plain call (the same result as the system call).
+  {
+    const unsigned long long s0 = reads("split"), l0 = reads("alone");
+    int z = open("/dev/zero", O_RDONLY);
+    memset(a, 1, 8 * MIB);
+    if (z < 0 || read(z, a, 8 * MIB) != static_cast<ssize_t>(8 * MIB) || a[0] || a[8 * MIB - 1]) die("/dev/zero");
+    close(z);
+    printf("case a character device split=%llu alone=%llu\n", reads("split") - s0, reads("alone") - l0);
+  }
+  {
+    const unsigned long long s0 = reads("split"), l0 = reads("alone");
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) die("socketpair");
+    std::thread writer([&] {
+      std::vector<unsigned char> buf(6 * MIB);
+      for (size_t i = 0; i < buf.size(); ++i) buf[i] = pattern(i);
+      size_t at = 0;
+      while (at < buf.size()) at += static_cast<size_t>(write(sv[1], buf.data() + at, buf.size() - at));
+      close(sv[1]);
+    });
+    size_t got = 0;
+    for (;;) {
+      const ssize_t r = read(sv[0], a + got, big - got);
+      if (r <= 0) break;
+      got += static_cast<size_t>(r);
+    }
+    writer.join();
+    close(sv[0]);
+    if (got != 6 * MIB) die("socket length");
+    for (size_t i = 0; i < got; ++i) {
+      if (a[i] != pattern(i)) die("socket bytes");
+    }
+    printf("case a socket split=%llu alone=%llu\n", reads("split") - s0, reads("alone") - l0);
+  }
+  {
+    const unsigned long long s0 = reads("split"), l0 = reads("alone");
+    int m = posix_openpt(O_RDWR | O_NOCTTY | O_NONBLOCK);
+    if (m >= 0) {  // nothing written to it: EAGAIN, as the system call says
+      errno = 0;
+      const ssize_t r = read(m, a, 8 * MIB);
+      const int e = errno;
+      const ssize_t p = syscall(SYS_read, m, b, 8 * MIB);
+      if (r != -1 || r != p || e != errno) die("terminal");
+      close(m);
+    } else {
+      fprintf(stderr, "no pseudo-terminal here (%s): the terminal case is not run\n", strerror(errno));
+    }
+    printf("case a terminal split=%llu alone=%llu\n", reads("split") - s0, reads("alone") - l0);
+  }
   // A pipe is not split: what arrives is what a plain read gives, in the writer's order.
   {
     int p[2];
