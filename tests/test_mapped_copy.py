@@ -1,7 +1,8 @@
 """Host-to-device copies from file mappings under `cmt run` (native/src/mapped_copy.hpp): a range
 that is not in the page cache is read from the file by the engine's lanes and counted 'from_file';
 warm ranges, private pages the program wrote and ranges past a cut file's end come from memory; every
-byte is what the mapping holds, through PROCMAP_QUERY and through /proc/self/maps alike."""
+byte is what the mapping holds (also once a file held open is replaced under its path, or the
+program closes the descriptors cmt keeps), through PROCMAP_QUERY and through /proc/self/maps alike."""
 
 from __future__ import annotations
 
@@ -29,13 +30,19 @@ FROM_FILE = {
     "private written, the range is past them": True,
     "cut file, range inside its new size": True,
     "cut file, range past its new end": False,
+    "replaced: the first file": True,
+    "replaced: the file now at its path": True,
+    "held: the first copy": True,
+    "held: its descriptors closed and reused by the program": True,
+    "private written, cmt's pagemap descriptor closed and reused": False,
 }
 
 
-def run(run_c_program, tmp_path: Path, hooks: str = "wait_setup=1", extra: dict | None = None,
+def run(run_c_program, tmp_path: Path, hooks: str = "wait_setup=1,guard=0", extra: dict | None = None,
         args: tuple[str, ...] = ()):
     data = tmp_path / "data"
     data.mkdir(exist_ok=True)
+    # guard=0: the rate guard, which times the copies from memory, never passes one to the driver.
     env = {"LD_PRELOAD": str(library_path()), "CMT_PLAN": PLAN, "CMT_TEST_HOOKS": hooks,
            "CMT_READ_THRESHOLD": "0", **(extra or {})}
     return run_c_program(SOURCE, tmp_path, args=[str(data), *args], timeout=240, env=env)
@@ -70,7 +77,7 @@ def test_copies_from_file_mappings_are_exact_and_read_cold_ranges_from_the_file(
 def test_without_procmap_query_the_parsed_maps_serve_alike(run_c_program, tmp_path):
     # Kernels before 6.11: /proc/self/maps parsed and kept. A kept answer that is out of date (the
     # cases map one file after another at the same address) may only make a copy come from memory.
-    seen = cases(run(run_c_program, tmp_path, "wait_setup=1,maps=1"))
+    seen = cases(run(run_c_program, tmp_path, "wait_setup=1,guard=0,maps=1"))
     for name, counts in seen.items():
         assert counts["from_file"] + counts["accelerated"] == 1, (name, counts)
         if not FROM_FILE[name]:
@@ -92,5 +99,5 @@ def test_a_copy_past_the_end_of_a_cut_mapping_faults_as_without_cmt(run_c_progra
 def test_a_failed_read_of_the_file_is_done_again_from_memory(run_c_program, tmp_path):
     # mapped_fail=1: each read of a mapped file puts the wrong bytes (4 KiB further on) into device
     # memory and fails; the copy from memory that follows must overwrite every one of them.
-    seen = cases(run(run_c_program, tmp_path, "wait_setup=1,mapped_fail=1"))
+    seen = cases(run(run_c_program, tmp_path, "wait_setup=1,guard=0,mapped_fail=1"))
     assert all((c["from_file"], c["accelerated"]) == (0, 1) for c in seen.values()), seen

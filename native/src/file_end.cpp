@@ -122,6 +122,17 @@ int64_t IoFile::size() const {
   return -1;
 }
 
+bool IoFile::still(uint64_t dev, uint64_t ino, int64_t* size) const {
+  struct stat st {};
+  auto is = [&](int fd) {
+    return fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_dev) == dev && static_cast<uint64_t>(st.st_ino) == ino;
+  };
+  const int d = direct_fd_.load(std::memory_order_acquire);
+  if ((d >= 0 && !is(d)) || !is(fd_)) return false;
+  *size = S_ISREG(st.st_mode) ? st.st_size : -1;
+  return true;
+}
+
 CUresult FileEnd::fill(char* staging, size_t off, size_t len, bool) {
   return transfer(staging, base_ + off, len, /*write=*/false);
 }

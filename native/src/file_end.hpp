@@ -50,6 +50,10 @@ class IoFile {
   size_t align() const { return align_; }
   // The file's size now: regular files and block devices; -1 for other kinds (pipes, devices).
   int64_t size() const;
+  // Whether its descriptors (the O_DIRECT one where opened) are still the file of `dev` and `ino`,
+  // and if so its size: a program that closes descriptors it did not open (close_range) lets their
+  // numbers go to other files (mapped_copy.cpp keeps IoFiles open between copies).
+  bool still(uint64_t dev, uint64_t ino, int64_t* size) const;
   bool regular() const { return regular_; }
 
  private:

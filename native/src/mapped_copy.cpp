@@ -26,8 +26,10 @@ namespace {
 
 // ---- the files behind mappings, opened once ------------------------------------------------------
 // Kept open by device and inode: while cmt holds the descriptor, no other file can have that inode
-// number, so an entry never names another file. A file that cannot be opened as the same file (the
-// path now names another, or it was deleted) is kept as such, so that it is not tried on every copy.
+// number, so an entry never names another file; each copy checks that the descriptors still are that
+// file (a program may close descriptors it did not open, and their numbers go to other files). A
+// file that cannot be opened as the same file (the path now names another, or it was deleted) is
+// kept as such, so that it is not tried on every copy.
 
 // Smaller copies are not looked at: the lookup (about 1 µs for a file mapping) would be a
 // measurable part of a warm one, and a cold one faults in few readahead windows.
@@ -98,10 +100,22 @@ IoFile* mapped_file(const Mapping& m) {
     if (c.used < oldest->used) oldest = &c;
   }
   const int fd = open_mapped(m);
-  if (oldest->file) oldest->file->release();  // a transfer still using it holds its own reference
+  int64_t size = 0;
+  // A transfer still using it holds its own reference. Descriptors the program closed, whose numbers
+  // may be its own files' now, are left open (the IoFile is never deleted).
+  if (oldest->file && oldest->file->still(oldest->dev, oldest->ino, &size)) oldest->file->release();
   *oldest = CachedFile{m.dev, m.ino, ++g_tick, fd >= 0 ? new IoFile(fd) : nullptr, {}};
   if (oldest->file) oldest->file->retain();
   return oldest->file;
+}
+
+// Drops the entry of `file`, whose descriptors are no longer its own (IoFile::still). Its reference
+// is kept, so that it is never deleted: that would close the numbers, which now are the program's.
+void forget_file(const IoFile* file) {
+  std::lock_guard<std::mutex> lock(g_files_mutex);
+  for (CachedFile& c : g_files) {
+    if (c.file == file) c = CachedFile{};
+  }
 }
 
 // Whether [off, off + n) of `file` may go O_DIRECT: none of its chunks went so before. `mark`: they
@@ -140,23 +154,13 @@ struct Held {
 // (61), a guard region (58). A private mapping's page the program wrote to is an anonymous copy
 // (present without bit 61, or swapped); a page not present reads as the file.
 constexpr uint64_t kPresent = 1ull << 63, kSwapped = 1ull << 62, kFilePage = 1ull << 61, kGuard = 1ull << 58;
-std::atomic<int> g_pagemap_fd{-1};
+KeptFd g_pagemap_fd("/proc/self/pagemap");
 
 // Whether every page of [addr, addr + len) still reads as the file, checked 2 MiB of pages at a
 // time; false at the first one that does not, or when the kernel will not say.
 bool pages_are_the_file(uintptr_t addr, size_t len) {
-  int fd = g_pagemap_fd.load(std::memory_order_acquire);
-  if (fd < 0) {
-    const int opened = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
-    if (opened < 0) return false;
-    int expected = -1;
-    if (g_pagemap_fd.compare_exchange_strong(expected, opened)) {
-      fd = opened;
-    } else {
-      close(opened);
-      fd = expected;
-    }
-  }
+  const int fd = g_pagemap_fd.get(/*check=*/true);  // (one fstat: it decides which bytes a copy gets)
+  if (fd < 0) return false;
   static const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const uint64_t first = addr / page, end = (addr + len + page - 1) / page;
   uint64_t entries[512];
@@ -199,11 +203,19 @@ bool file_serves(const Mapping& m, uintptr_t addr, size_t n, Held* held, uint64_
     log::debug_once(0xA03, "a copy's source spans more than one mapping: it comes from memory");
     return false;
   }
+  // Every time: the file may have been cut since it was mapped, and the program may have closed the
+  // descriptors cmt keeps (their numbers then are other files': the entry is opened again, once).
+  int64_t size = -1;
   held->reset(mapped_file(m));
+  if (held->file && !held->file->still(m.dev, m.ino, &size)) {
+    log::debug_once(0xA09, "a descriptor cmt kept for a mapped file was closed by the program: opened again");
+    forget_file(held->file);
+    held->reset(mapped_file(m));
+    if (held->file && !held->file->still(m.dev, m.ino, &size)) return false;
+  }
   if (!held->file) return false;
   IoFile& file = *held->file;
   *off = m.offset + (addr - m.start);
-  const int64_t size = file.size();  // every time: the file may have been cut since it was mapped
   if (size < 0 || *off + n > static_cast<uint64_t>(size)) {
     log::debug_once(0xA04, "a mapped range reaches past the end of its file (cut since it was mapped?): it comes "
                     "from memory");

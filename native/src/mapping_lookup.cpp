@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -32,26 +33,17 @@ constexpr unsigned long kProcmapQuery = _IOWR('f', 17, ProcmapQuery);
 constexpr uint64_t kVmaReadable = 0x01, kVmaShared = 0x08;
 
 // The /proc/self/maps descriptor the ioctl goes to: it stays bound to this process's memory, which a
-// forked child does not use (copies there pass through). -1: not opened yet; -2: no ioctl here.
-std::atomic<int> g_query_fd{-1};
+// forked child does not use (copies there pass through).
+KeptFd g_query_fd("/proc/self/maps");
+std::atomic<bool> g_no_query{false};  // no ioctl here
 
 bool query(uintptr_t addr, Mapping* out, bool* unsupported) {
-  int fd = g_query_fd.load(std::memory_order_acquire);
-  if (fd == -2) return *unsupported = true, false;
-  if (fd == -1) {
-    const int opened = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-    if (opened < 0) {
-      g_query_fd.store(-2);
-      return *unsupported = true, false;
-    }
-    int expected = -1;
-    if (g_query_fd.compare_exchange_strong(expected, opened)) {
-      fd = opened;
-    } else {
-      close(opened);
-      fd = expected;
-      if (fd == -2) return *unsupported = true, false;
-    }
+  if (g_no_query.load(std::memory_order_relaxed)) return *unsupported = true, false;
+  // Checked every time (one fstat): an ioctl must never reach a file of the program's that took the number.
+  const int fd = g_query_fd.get(/*check=*/true);
+  if (fd < 0) {
+    g_no_query.store(true);
+    return *unsupported = true, false;
   }
   char name[PATH_MAX];
   ProcmapQuery q{};
@@ -63,7 +55,7 @@ bool query(uintptr_t addr, Mapping* out, bool* unsupported) {
     if (errno == ENOENT) return false;  // no mapping contains the address
     if (errno == ENOTTY || errno == EINVAL || errno == ENOSYS) {
       log::debug_once(0xA01, "PROCMAP_QUERY is not available (%s): /proc/self/maps is parsed", strerror(errno));
-      g_query_fd.store(-2);
+      g_no_query.store(true);
       *unsupported = true;
     }
     return false;
@@ -155,8 +147,17 @@ bool lookup_parsed(uintptr_t addr, Mapping* out, bool fresh) {
 
 }  // namespace
 
+int KeptFd::get(bool check) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  struct stat st {};
+  if (fd_ >= 0 && (!check || (fstat(fd_, &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_))) return fd_;
+  fd_ = open(path_, O_RDONLY | O_CLOEXEC);  // (a number the program took over is not closed)
+  if (fd_ >= 0 && fstat(fd_, &st) == 0) dev_ = st.st_dev, ino_ = st.st_ino;
+  return fd_;
+}
+
 bool mapping_answers_fresh() {
-  return !env().test_parse_maps && g_query_fd.load(std::memory_order_relaxed) != -2;
+  return !env().test_parse_maps && !g_no_query.load(std::memory_order_relaxed);
 }
 
 bool find_mapping(uintptr_t addr, Mapping* out, bool fresh) {

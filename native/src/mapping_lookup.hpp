@@ -9,9 +9,25 @@
 // the last parse. (A kept answer that is out of date can only make a copy come from memory.)
 #pragma once
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 namespace cmt {
+
+// A /proc file of this process that cmt keeps open between calls (its maps, its pagemap). Opened on
+// first use; a program that closes descriptors it did not open (close_range) lets the number go to
+// another file, so `check` compares device and inode (one fstat) and opens the file again, leaving
+// the number, now the program's, alone.
+class KeptFd {
+ public:
+  explicit KeptFd(const char* path) : path_(path) {}
+  int get(bool check);  // -1 when it cannot be opened
+ private:
+  const char* path_;
+  std::mutex mutex_;
+  int fd_ = -1;
+  uint64_t dev_ = 0, ino_ = 0;
+};
 
 struct Mapping {
   uintptr_t start = 0, end = 0;

@@ -6,11 +6,13 @@
 // (cold: whether the file's pages could be dropped from the page cache before the copy). Then "done".
 // argv[1]: a directory on a disk-backed file system; argv[2] (optional) "sigbus": only the case of a
 // copy past the end of a cut file (the process dies of SIGBUS, as without cmt).
+#include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -47,13 +49,13 @@ static void die(const char* what) {
   exit(1);
 }
 
-// A file of kFile pattern bytes, written, synced and dropped from the page cache.
-static int make_file(const char* name, bool* cold) {
+// A file of kFile pattern bytes (`inverted`: their complements), written, synced and dropped from the page cache.
+static int make_file(const char* name, bool* cold, bool inverted = false) {
   std::string path = g_dir + "/" + name;
   int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) die("open");
   std::vector<unsigned char> buf(kFile);
-  for (size_t i = 0; i < kFile; ++i) buf[i] = pattern(i);
+  for (size_t i = 0; i < kFile; ++i) buf[i] = static_cast<unsigned char>(inverted ? ~pattern(i) : pattern(i));
   if (pwrite(fd, buf.data(), kFile, 0) != static_cast<ssize_t>(kFile)) die("pwrite");
   fsync(fd);
   posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
@@ -103,6 +105,23 @@ static void copy_case(const char* name, bool cold, const unsigned char* src, siz
   printf("case %s cold=%d from_file=%llu accelerated=%llu direct=%d\n", name, cold ? 1 : 0,
          outcome("from_file") - f0, outcome("accelerated") - a0, direct_bytes() > d0 ? 1 : 0);
   fflush(stdout);
+}
+
+// Closes every descriptor of this process that names `target` (those cmt keeps: a program that
+// closes descriptors it did not open); how many.
+static size_t close_fds_to(const std::string& target) {
+  std::vector<int> found;
+  DIR* d = opendir("/proc/self/fd");
+  const int dir_fd = d ? dirfd(d) : -1;
+  for (dirent* e; d && (e = readdir(d));) {
+    char link[4096];
+    const int n = atoi(e->d_name);
+    const ssize_t len = readlinkat(dir_fd, e->d_name, link, sizeof link - 1);
+    if (n != dir_fd && len > 0 && target == std::string(link, static_cast<size_t>(len))) found.push_back(n);
+  }
+  if (d) closedir(d);
+  for (int n : found) close(n);
+  return found.size();
 }
 
 static unsigned char* map(int fd, int prot, int flags) {
@@ -210,6 +229,60 @@ int main(int argc, char** argv) {
     std::vector<unsigned char> want = expected(0, 8 * MIB + 4096);
     memset(want.data() + cut, 0, 4096 - 100);  // the rest of the last page reads as zeros
     copy_case("cut file, range past its new end", cold, m, 8 * MIB + 4096, want.data(), false);
+    munmap(m, kFile);
+    close(fd);
+  }
+  {  // a file replaced by another under its path: the new file's bytes, never those of the file held open
+    bool cold_old = false;
+    int fd = make_file("replaced.bin", &cold_old);
+    unsigned char* m = map(fd, PROT_READ, MAP_SHARED);
+    copy_case("replaced: the first file", cold_old, m, 16 * MIB, expected(0, 16 * MIB).data(), false);
+    munmap(m, kFile);
+    close(fd);
+    fd = make_file("replacement.bin", &cold, true);
+    if (rename((g_dir + "/replacement.bin").c_str(), (g_dir + "/replaced.bin").c_str()) != 0) die("rename");
+    m = map(fd, PROT_READ, MAP_SHARED);
+    std::vector<unsigned char> want = expected(0, 16 * MIB);
+    for (auto& c : want) c = static_cast<unsigned char>(~c);
+    copy_case("replaced: the file now at its path", cold, m, 16 * MIB, want.data(), false);
+    munmap(m, kFile);
+    close(fd);
+  }
+  {  // the program closes the descriptors cmt keeps for a file, and opens another file on their numbers
+    int fd = make_file("held.bin", &cold);
+    unsigned char* m = map(fd, PROT_READ, MAP_SHARED);
+    close(fd);
+    copy_case("held: the first copy", cold, m, 16 * MIB, expected(0, 16 * MIB).data(), false);
+    const size_t closed = close_fds_to(g_dir + "/held.bin");
+    bool unused = false;
+    int other = make_file("impostor.bin", &unused, true);
+    for (size_t i = 0; i < closed; ++i) open((g_dir + "/impostor.bin").c_str(), O_RDONLY);
+    std::vector<unsigned char> vec((16 * MIB) / 4096);
+    if (cold && mincore(m, 16 * MIB, vec.data()) == 0) {  // (the first copy read O_DIRECT: still cold)
+      for (unsigned char v : vec) cold = cold && !(v & 1);
+    }
+    copy_case("held: its descriptors closed and reused by the program", cold, m, 16 * MIB,
+              expected(0, 16 * MIB).data(), false);
+    munmap(m, kFile);
+    close(other);
+  }
+  {  // the same with the descriptor of /proc/self/pagemap cmt keeps: the written pages are still seen
+    int fd = make_file("written-again.bin", &cold);
+    unsigned char* m = map(fd, PROT_READ | PROT_WRITE, MAP_PRIVATE);
+    std::vector<unsigned char> want = expected(0, kFile);
+    for (size_t i = 8 * MIB + 100; i < 8 * MIB + 5000; ++i) want[i] = m[i] = static_cast<unsigned char>(~want[i]);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    const size_t closed = close_fds_to("/proc/" + std::to_string(getpid()) + "/pagemap");
+    // On its number, a sparse file of zeros as large as a pagemap: every page would read as "not present".
+    std::vector<int> zeros;
+    for (size_t i = 0; i < closed; ++i) {
+      zeros.push_back(open((g_dir + "/zeros.bin").c_str(), O_RDWR | O_CREAT, 0644));
+      if (ftruncate(zeros.back(), static_cast<off_t>(1) << 40) != 0) {
+        fprintf(stderr, "no sparse file of 1 TiB here (%s): the pagemap case proves less\n", strerror(errno));
+      }
+    }
+    copy_case("private written, cmt's pagemap descriptor closed and reused", cold, m, 16 * MIB, want.data(), false);
+    for (int z : zeros) close(z);
     munmap(m, kFile);
     close(fd);
   }
