@@ -80,7 +80,7 @@ API_EXPORT CUresult cmt_memcpy(int dir, void* host, CUdeviceptr device, size_t b
   CUresult r = CUDA_SUCCESS;
   Outcome o = try_accelerate(call, &r);
   if (outcome) *outcome = static_cast<int>(o);
-  if (o == Outcome::Accelerated) return r;
+  if (copied_by_cmt(o)) return r;
   return driver_copy(o, call.dir, bytes, [&] {
     return call.dir == Direction::HtoD ? d.cuMemcpyHtoDAsync(device, host, bytes, stream)
                                        : d.cuMemcpyDtoHAsync(host, device, bytes, stream);

@@ -5,6 +5,7 @@
 #include "driver.hpp"
 #include "engine.hpp"
 #include "env.hpp"
+#include "mapped_copy.hpp"
 #include "plan.hpp"
 #include "rate_guard.hpp"
 
@@ -102,6 +103,14 @@ Outcome decide_and_copy(const CopyCall& call, CUresult* result, HostKind* kind) 
   if (!entry) return Outcome::Resources;
   if (d.cuEventRecord(entry, stream) != CUDA_SUCCESS) return Outcome::StreamContext;
   if (d.cuEventSynchronize(entry) != CUDA_SUCCESS) return Outcome::StreamContext;
+
+  // A source in a file mapping that is not in the page cache: read from the file (mapped_copy.hpp).
+  // Not the rate guard's business: faulting such a mapping in is what the driver's copy would wait on.
+  if (call.dir == Direction::HtoD && !call.forced) {
+    CopyRequest req{call.dir, ctx, call.host, call.device, call.bytes, stream, settings};
+    Outcome o = Outcome::FromFile;
+    if (copy_from_mapping(req, !env().test_wait_setup, result, &o)) return o;
+  }
 
   // Never slower than the driver: while staging loses on this host, the driver copies (rate_guard.hpp).
   // Both are timed with the stream's earlier work done (the engine's copy from when it has its

@@ -78,6 +78,7 @@ bool load_driver(bool load_if_absent) {
   d.cuStreamWaitValue32 = reinterpret_cast<PFN_cuStreamWaitValue32_v2>(real_dlsym(h, "cuStreamWaitValue32_v2"));
   d.cuMemHostGetDevicePointer =
       reinterpret_cast<PFN_cuMemHostGetDevicePointer_v2>(real_dlsym(h, "cuMemHostGetDevicePointer_v2"));
+  d.cuCtxSynchronize = reinterpret_cast<PFN_cuCtxSynchronize>(real_dlsym(h, "cuCtxSynchronize"));
   d.cuDeviceGetPCIBusId = reinterpret_cast<PFN_cuDeviceGetPCIBusId>(real_dlsym(h, "cuDeviceGetPCIBusId"));
   g_driver = d;
   return true;

@@ -23,6 +23,7 @@ int entry_by_name(const char* name);
 extern "C" {
 typedef void (*CUhostFn)(void*);
 typedef CUresult (*PFN_cuLaunchHostFunc)(CUstream, CUhostFn, void*);
+typedef CUresult (*PFN_cuCtxSynchronize)(void);
 typedef CUresult (*PFN_cuStreamWaitValue32_v2)(CUstream, CUdeviceptr, unsigned int, unsigned int);
 typedef CUresult (*PFN_cuMemHostGetDevicePointer_v2)(CUdeviceptr*, void*, unsigned int);
 }
@@ -61,6 +62,8 @@ struct Driver {
   PFN_cuLaunchHostFunc cuLaunchHostFunc = nullptr;
   PFN_cuStreamWaitValue32_v2 cuStreamWaitValue32 = nullptr;
   PFN_cuMemHostGetDevicePointer_v2 cuMemHostGetDevicePointer = nullptr;
+  // Optional: settling a context after a failed copy from a mapped file (mapped_copy.cpp).
+  PFN_cuCtxSynchronize cuCtxSynchronize = nullptr;
   // Optional: which NUMA node a GPU sits on (numa_place.hpp); without it nothing is placed.
   PFN_cuDeviceGetPCIBusId cuDeviceGetPCIBusId = nullptr;
 };

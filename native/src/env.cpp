@@ -96,7 +96,12 @@ void read_test_hooks(Env& e) {
     else if (ok && key == "park_piece") e.test_park_piece = static_cast<size_t>(n);
     else if (ok && key == "park_us") e.test_park_us = n;
     else if (ok && key == "park_before" && n <= 1) e.test_park_before = n == 1;
-    else warn("CMT_TEST_HOOKS item", item.c_str(), "piece=, late_start_us=, guard=0, wait_setup=1, park_piece=, park_us=, park_before=1, sysfs=");
+    else if (ok && key == "maps" && n <= 1) e.test_parse_maps = n == 1;
+    else if (ok && key == "mapped_fail" && n <= 1) e.test_mapped_fail = n == 1;
+    else if (ok && key == "rotational" && n <= 1) e.test_rotational = static_cast<int>(n);
+    else if (ok && key == "read_eio") e.test_read_eio = n;
+    else if (ok && key == "read_eio_once" && n <= 1) e.test_read_eio_once = n == 1;
+    else warn("CMT_TEST_HOOKS item", item.c_str(), "piece=, late_start_us=, guard=0, wait_setup=1, park_piece=, park_us=, park_before=1, maps=1, mapped_fail=1, rotational=, read_eio=, read_eio_once=1, sysfs=");
   }
 }
 
@@ -110,6 +115,8 @@ Env read_env() {
   read_number("CMT_NODE_THREADS", 1, 4096, &e.node_threads);
   read_number("CMT_NODE_PINNED_MB", 1, 1L << 30, &e.node_pinned_mb);
   read_prefault(e);
+  read_flag("CMT_FROM_FILE", &e.from_file);
+  read_number("CMT_READ_THRESHOLD", 0, 1L << 40, &e.read_threshold);
   if (const char* v = getenv("CMT_PLAN")) e.plan = v;
   if (const char* v = getenv("CMT_PROFILE_DIR")) e.profile_dir = v;
   read_test_hooks(e);

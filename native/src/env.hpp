@@ -20,6 +20,8 @@ struct Env {
   long node_threads = 0;       // CMT_NODE_THREADS: copy threads of all this user's processes (0: usable CPUs)
   long node_pinned_mb = 0;     // CMT_NODE_PINNED_MB: their pinned staging (0: a quarter of the memory)
   Prefault prefault = Prefault::HugePopulate;  // CMT_PREFAULT=huge|populate|none
+  bool from_file = true;       // CMT_FROM_FILE=0: copies from file mappings come from memory (mapped_copy.hpp)
+  long read_threshold = 4L << 20;  // CMT_READ_THRESHOLD: reads of files split over the lanes from this size; 0 off
   std::string plan;         // CMT_PLAN (internal): the tuned file's rules, from `cmt run`
   std::string profile_dir;  // CMT_PROFILE_DIR (internal): where `cmt profile` records
   // CMT_TEST_HOOKS (internal, for the tests alone): "piece=BYTES,late_start_us=US,guard=0,wait_setup=1,park_..."
@@ -32,6 +34,11 @@ struct Env {
   size_t test_park_piece = 0;
   long test_park_us = 0;
   bool test_park_before = false;
+  bool test_parse_maps = false;  // maps=1: /proc/self/maps is parsed, as on kernels without PROCMAP_QUERY
+  bool test_mapped_fail = false;  // mapped_fail=1: copies from mapped files read wrong bytes, then fail
+  int test_rotational = -1;      // rotational=0|1: every file's disk spins or not (disk_kind.hpp); -1 ask
+  long test_read_eio = -1;       // read_eio=OFFSET: large reads fail with EIO at that file offset (large_read.cpp)
+  bool test_read_eio_once = false;  // read_eio_once=1: only the first time
   std::string test_sysfs;  // sysfs=PATH: where the NUMA placement reads sysfs (a made-up tree)
 };
 

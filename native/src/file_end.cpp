@@ -24,6 +24,8 @@ std::atomic<uint64_t> g_direct_bytes{0}, g_buffered_bytes{0}, g_refused_files{0}
 // readahead, and the rest is a copy out of memory.
 constexpr double kCachedFraction = 0.5;
 
+}  // namespace
+
 // statx's direct I/O alignment (Linux 6.1, STATX_DIOALIGN), read from the kernel's struct by offset:
 // older C libraries do not name the fields. 0 when unknown; *unsupported when the file system says
 // it has no direct I/O.
@@ -48,8 +50,6 @@ size_t statx_dio_align(int fd, bool* unsupported) {
   return 0;
 #endif
 }
-
-}  // namespace
 
 IoCounters io_counters() {
   return {g_direct_bytes.load(), g_buffered_bytes.load(), g_refused_files.load()};
@@ -122,6 +122,17 @@ int64_t IoFile::size() const {
   return -1;
 }
 
+bool IoFile::still(uint64_t dev, uint64_t ino, int64_t* size) const {
+  struct stat st {};
+  auto is = [&](int fd) {
+    return fstat(fd, &st) == 0 && static_cast<uint64_t>(st.st_dev) == dev && static_cast<uint64_t>(st.st_ino) == ino;
+  };
+  const int d = direct_fd_.load(std::memory_order_acquire);
+  if ((d >= 0 && !is(d)) || !is(fd_)) return false;
+  *size = S_ISREG(st.st_mode) ? st.st_size : -1;
+  return true;
+}
+
 CUresult FileEnd::fill(char* staging, size_t off, size_t len, bool) {
   return transfer(staging, base_ + off, len, /*write=*/false);
 }
@@ -169,7 +180,9 @@ size_t transfer_all(int fd, char* buf, uint64_t pos, size_t len, bool write, siz
 
 bool FileEnd::will_go_direct(const char* buf, uint64_t pos, size_t len) {
   const size_t a = file_.align();
-  if (!file_.may_direct() || len < a || pos % a || reinterpret_cast<uintptr_t>(buf) % a) return false;
+  if (!allow_direct_ || !file_.may_direct() || len < a || pos % a || reinterpret_cast<uintptr_t>(buf) % a) {
+    return false;
+  }
   // A fraction that cannot be told (-1) counts as not cached.
   return resident_fraction(file_.fd(), pos, len & ~(a - 1)) < kCachedFraction && file_.direct_fd() >= 0;
 }

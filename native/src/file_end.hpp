@@ -50,6 +50,10 @@ class IoFile {
   size_t align() const { return align_; }
   // The file's size now: regular files and block devices; -1 for other kinds (pipes, devices).
   int64_t size() const;
+  // Whether its descriptors (the O_DIRECT one where opened) are still the file of `dev` and `ino`,
+  // and if so its size: a program that closes descriptors it did not open (close_range) lets their
+  // numbers go to other files (mapped_copy.cpp keeps IoFiles open between copies).
+  bool still(uint64_t dev, uint64_t ino, int64_t* size) const;
   bool regular() const { return regular_; }
 
  private:
@@ -69,7 +73,9 @@ class IoFile {
 // caller clamped reads to) is kept, the first by file offset, and fails the engine's copy.
 class FileEnd final : public HostEnd {
  public:
-  FileEnd(IoFile& file, uint64_t file_off) : file_(file), base_(file_off) {}
+  // `direct`: false, every piece goes through the page cache (a range read again: mapped_copy.hpp).
+  FileEnd(IoFile& file, uint64_t file_off, bool direct = true)
+      : file_(file), base_(file_off), allow_direct_(direct) {}
   CUresult fill(char* staging, size_t off, size_t len, bool streaming) override;
   CUresult drain(const char* staging, size_t off, size_t len, bool streaming) override;
 
@@ -94,6 +100,7 @@ class FileEnd final : public HostEnd {
 
   IoFile& file_;
   uint64_t base_;
+  bool allow_direct_;
   std::atomic<uint64_t> direct_{0}, buffered_{0};
   std::mutex err_mutex_;
   std::atomic<bool> failed_{false};
@@ -107,6 +114,10 @@ class FileEnd final : public HostEnd {
   std::condition_variable piece_done_;
   std::unordered_map<uint64_t, Piece> pieces_;  // by file offset: the pieces begun
 };
+
+// The alignment direct I/O asks for on `fd` (statx, Linux 6.1); 0 when the kernel does not say;
+// *unsupported when the file system has no direct I/O.
+size_t statx_dio_align(int fd, bool* unsupported);
 
 // Process-wide counts of the storage path's bytes by how they went (cmt_io_counters).
 struct IoCounters {

@@ -16,6 +16,7 @@
 #include "copy_path.hpp"
 #include "driver.hpp"
 #include "host_copy.hpp"
+#include "large_read.hpp"
 #include "env.hpp"
 #include "log.hpp"
 #include "rate_guard.hpp"
@@ -45,12 +46,12 @@ CUresult intercept(EntryId id, Direction dir, const void* host, CUdeviceptr dev,
   CUresult r = CUDA_SUCCESS;
   if (!recording()) {
     Outcome o = try_accelerate(call, &r);
-    return o == Outcome::Accelerated ? r : driver_copy(o, dir, n, call_real);
+    return copied_by_cmt(o) ? r : driver_copy(o, dir, n, call_real);
   }
   uint64_t start = now_ns();
   HostKind kind = HostKind::Unknown;
   Outcome o = try_accelerate(call, &r, &kind);
-  if (o != Outcome::Accelerated) {
+  if (!copied_by_cmt(o)) {
     r = driver_copy(o, dir, n, call_real);
     if (kind == HostKind::Unknown) kind = classify_host(host);
   }
@@ -209,6 +210,7 @@ __attribute__((constructor)) void cmt_library_init() {
   if (disabled) log::write(log::Level::Debug, "CMT_DISABLE set: every copy passes through");
   pthread_atfork(nullptr, nullptr, on_fork_child);
   host_copy_init();
+  large_read_init();
   enable_exit_report();
 }
 

@@ -180,6 +180,7 @@ InsideCmt::~InsideCmt() {
   if (outer) t_inside = false;
 }
 void mark_cmt_thread() { t_inside = true; }
+bool inside_cmt() { return t_inside; }
 
 void host_copy_init() {
   g_memcpy = resolve<CopyFn>("memcpy", early_copy);

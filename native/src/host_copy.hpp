@@ -36,5 +36,6 @@ struct InsideCmt {
   bool outer;
 };
 void mark_cmt_thread();
+bool inside_cmt();  // whether the calling thread is (large_read.cpp)
 
 }  // namespace cmt

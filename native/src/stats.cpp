@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "env.hpp"
+#include "large_read.hpp"
 #include "log.hpp"
 #include "rate_guard.hpp"
 
@@ -51,6 +52,7 @@ void print_report() {
       add("  %s %-16s %10llu copies %16llu bytes\n", direction_name(static_cast<Direction>(d)), kNames[o], c, b);
     }
   }
+  const ReadCounters reads = read_counters();
   if (!any && !dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD)) {
     // One debug line, and no report, in the program's processes that never loaded the driver
     // (shells, compilers, a machine without a GPU).
@@ -63,6 +65,12 @@ void print_report() {
   if (ev.backed_off) {
     add("  backed off to the driver %llu times, staged again %llu times\n",
         static_cast<unsigned long long>(ev.backed_off), static_cast<unsigned long long>(ev.staged_again));
+  }
+  if (reads.split_calls || reads.alone_calls) {
+    add("  large file reads: %llu split over the copy threads (%llu bytes), %llu by the calling thread alone "
+        "(%llu bytes)\n",
+        static_cast<unsigned long long>(reads.split_calls), static_cast<unsigned long long>(reads.split_bytes),
+        static_cast<unsigned long long>(reads.alone_calls), static_cast<unsigned long long>(reads.alone_bytes));
   }
   if (uint64_t n = g_taken_over.load()) {
     add("  %llu pieces taken over from stalled (descheduled) copy threads\n", static_cast<unsigned long long>(n));
@@ -100,6 +108,9 @@ std::string stats_json() {
     }
     s += "}";
   }
+  const ReadCounters r = read_counters();
+  s += ",\"reads\":{\"split\":[" + std::to_string(r.split_calls) + "," + std::to_string(r.split_bytes) +
+       "],\"alone\":[" + std::to_string(r.alone_calls) + "," + std::to_string(r.alone_bytes) + "]}";
   const GuardEvents ev = guard_events();
   return s + ",\"events\":{\"backed_off\":" + std::to_string(ev.backed_off) + ",\"staged_again\":" +
          std::to_string(ev.staged_again) + ",\"taken_over\":" + std::to_string(g_taken_over.load()) + "}}";

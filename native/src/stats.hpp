@@ -14,6 +14,7 @@ const char* outcome_text(Outcome o);
 void record(Direction d, Outcome o, size_t bytes);
 
 // {"h2d": {"accelerated": [copies, bytes], ...}, "d2h": {...},
+//  "reads": {"split": [calls, bytes], "alone": [calls, bytes]}  (large_read.hpp),
 //  "events": {"backed_off": n, "staged_again": n, "taken_over": n}}  (rate_guard.hpp, job.hpp)
 std::string stats_json();
 

@@ -65,7 +65,8 @@ enum class DefaultStream { Legacy, PerThread };
   X(Resources, "resources", "staging buffers, streams or events could not be created")        \
   X(BackedOff, "backed_off", "staged copies of this size ran slower than the driver's own on this busy host (rate_guard.hpp)") \
   X(Warming, "warming", "the staging pipeline for this GPU was still being set up (its first milliseconds)") \
-  X(Overlapping, "overlapping", "a host copy whose source and destination overlap: libc's memmove")
+  X(Overlapping, "overlapping", "a host copy whose source and destination overlap: libc's memmove") \
+  X(FromFile, "from_file", "the source is a file mapping not in the page cache: the lanes read the file (mapped_copy.hpp)")
 
 enum class Outcome : int {
 #define X_ITEM(id, name, text) id,
@@ -74,5 +75,8 @@ enum class Outcome : int {
       Count
 };
 constexpr int kOutcomes = static_cast<int>(Outcome::Count);
+
+// Whether cmt itself did the copy (else the driver's own function is to run).
+inline bool copied_by_cmt(Outcome o) { return o == Outcome::Accelerated || o == Outcome::FromFile; }
 
 }  // namespace cmt
