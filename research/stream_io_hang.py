@@ -46,8 +46,9 @@ with cmt.io.open('data.bin', 'r') as f:
     with torch.cuda.stream(s):
         torch.cuda._sleep(200_000_000)
         dst.fill_(7)
+        t0 = time.perf_counter()
         fut = f.read_async(dst, s)
-        print('submitted', flush=True)
+        print('submitted in us', round((time.perf_counter() - t0) * 1e6), flush=True)
         same = torch.equal(dst, ref)
     s.synchronize()
     print('bytes', fut.check_bytes_done(timeout=30), 'same', same, flush=True)
@@ -55,7 +56,7 @@ with cmt.io.open('data.bin', 'r') as f:
     "loop": """
 with cmt.io.open('data.bin') as f:
     f.read(ref)
-    for i in range(4):
+    for i in range(3):
         with torch.cuda.stream(s):
             torch.cuda._sleep(100_000_000)
             dst.zero_()
