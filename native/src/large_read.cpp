@@ -1,3 +1,6 @@
+// This file defines read, pread and the rest: the fortified headers' inline wrappers of them must
+// not be in force here.
+#undef _FORTIFY_SOURCE
 #include "large_read.hpp"
 
 #include <dlfcn.h>
@@ -304,23 +307,37 @@ ReadCounters read_counters() {
 
 using cmt::large;
 
+namespace cmt {
+namespace {
+// A large read split over the lanes; the exported read/pread/pread64 and their _chk forms call these
+// (never each other: with _FORTIFY_SOURCE, the headers make read & co. always-inline wrappers, and a
+// call to our own definition then fails to build with some glibc versions).
+ssize_t read_large(int fd, void* buf, size_t n) {
+  const iovec v{buf, n};
+  return split_read(fd, &v, 1, false, 0, [&] { return g_read(fd, buf, n); });
+}
+ssize_t pread_large(int fd, void* buf, size_t n, off_t off) {
+  const iovec v{buf, n};
+  return split_read(fd, &v, 1, true, off, [&] { return g_pread(fd, buf, n, off); });
+}
+ssize_t pread64_large(int fd, void* buf, size_t n, off_t off) {
+  const iovec v{buf, n};
+  return split_read(fd, &v, 1, true, off, [&] { return g_pread64(fd, buf, n, off); });
+}
+}  // namespace
+}  // namespace cmt
+
 // The program's (and its libraries') reads. Below the threshold: one compare, then libc's own.
 API_EXPORT ssize_t read(int fd, void* buf, size_t n) {
-  if (!large(n)) return cmt::g_read(fd, buf, n);
-  const iovec v{buf, n};
-  return cmt::split_read(fd, &v, 1, false, 0, [&] { return cmt::g_read(fd, buf, n); });
+  return large(n) ? cmt::read_large(fd, buf, n) : cmt::g_read(fd, buf, n);
 }
 
 API_EXPORT ssize_t pread(int fd, void* buf, size_t n, off_t off) {
-  if (!large(n)) return cmt::g_pread(fd, buf, n, off);
-  const iovec v{buf, n};
-  return cmt::split_read(fd, &v, 1, true, off, [&] { return cmt::g_pread(fd, buf, n, off); });
+  return large(n) ? cmt::pread_large(fd, buf, n, off) : cmt::g_pread(fd, buf, n, off);
 }
 
 API_EXPORT ssize_t pread64(int fd, void* buf, size_t n, off_t off) {
-  if (!large(n)) return cmt::g_pread64(fd, buf, n, off);
-  const iovec v{buf, n};
-  return cmt::split_read(fd, &v, 1, true, off, [&] { return cmt::g_pread64(fd, buf, n, off); });
+  return large(n) ? cmt::pread64_large(fd, buf, n, off) : cmt::g_pread64(fd, buf, n, off);
 }
 
 API_EXPORT ssize_t readv(int fd, const iovec* iov, int iovcnt) {
@@ -341,15 +358,15 @@ API_EXPORT ssize_t preadv64(int fd, const iovec* iov, int iovcnt, off_t off) {
 // The _FORTIFY_SOURCE forms: libc's own checks the buffer's room, as without cmt.
 API_EXPORT ssize_t __read_chk(int fd, void* buf, size_t n, size_t room) {
   if (!large(n) || n > room) return cmt::g_read_chk(fd, buf, n, room);
-  return read(fd, buf, n);
+  return cmt::read_large(fd, buf, n);
 }
 
 API_EXPORT ssize_t __pread_chk(int fd, void* buf, size_t n, off_t off, size_t room) {
   if (!large(n) || n > room) return cmt::g_pread_chk(fd, buf, n, off, room);
-  return pread(fd, buf, n, off);
+  return cmt::pread_large(fd, buf, n, off);
 }
 
 API_EXPORT ssize_t __pread64_chk(int fd, void* buf, size_t n, off_t off, size_t room) {
   if (!large(n) || n > room) return cmt::g_pread64_chk(fd, buf, n, off, room);
-  return pread64(fd, buf, n, off);
+  return cmt::pread64_large(fd, buf, n, off);
 }
