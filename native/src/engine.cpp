@@ -56,12 +56,22 @@ struct Pipeline {
   LanePool::Run run;
   NumaPlace place;  // the GPU's NUMA node, where its staging and workers sit (numa_place.hpp)
   Job job;
+  // What its staging and events are known to hold (set under `busy` once they were made), so that
+  // a stream-ordered transfer's preparation need not wait for the copy running on it.
+  std::atomic<int> ready_slots{0};
+  std::atomic<size_t> ready_chunk{0};
+  int events_for = 0;  // slots that have DMA events (only grows)
+  void note_ready(int slots_with_events) {
+    events_for = std::max(events_for, slots_with_events);
+    ready_slots.store(std::min(events_for, ring.count()), std::memory_order_release);
+    ready_chunk.store(ring.slot_bytes(), std::memory_order_release);
+  }
 };
 
 class Engine {
  public:
   CUresult copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming);
-  bool prepare_for(CUcontext ctx, const Settings& st);
+  bool prepare_for(CUcontext ctx, Direction dir, size_t bytes, const Settings& st);
   bool host_lanes(int lanes, LanePool::Work work, void* arg);
   void forget() { pool_.forget(); }
   std::string dma_gpu_times();
@@ -122,6 +132,7 @@ void Engine::prepare(Pipeline* p) {
     ok = p->dma.for_context(p->ctx, slots + kSpareSlots) &&
          (p->ring.ensure(slots + kSpareSlots, chunk) || p->ring.count() > kSpareSlots);
     pool_.prestart(static_cast<int>(std::clamp<int64_t>(most.threads, 1, kMaxThreads)) - 1);
+    if (ok) p->note_ready(slots + kSpareSlots);  // no copy runs on it before it is Ready
   }
   {
     std::lock_guard<std::mutex> lock(p->setup_mutex);
@@ -141,16 +152,26 @@ Pipeline* Engine::ready(CUcontext ctx) {
   return p->state.load(std::memory_order_acquire) == Pipeline::Ready ? p : nullptr;
 }
 
-bool Engine::prepare_for(CUcontext ctx, const Settings& st) {
+bool Engine::prepare_for(CUcontext ctx, Direction dir, size_t bytes, const Settings& st) {
   if (pool_.forgotten() || !driver().ok) return false;
   Pipeline* p = ready(ctx);
   if (!p) return false;
-  const int slots = static_cast<int>(std::clamp<int64_t>(st.buffers, 1, kMaxBuffers));
+  // The slots the copy will use, as Engine::copy counts them.
   const size_t chunk = std::clamp(static_cast<size_t>(st.chunk_bytes), kMinChunk, kMaxChunk);
+  const int threads = static_cast<int>(std::clamp<int64_t>(st.threads, 1, kMaxThreads));
+  const size_t blocks = cut_transfer(dir, bytes, chunk, threads, env().test_piece).blocks;
+  const int slots = static_cast<int>(std::min<size_t>(std::clamp<int64_t>(st.buffers, 1, kMaxBuffers), blocks));
+  if (p->ready_slots.load(std::memory_order_acquire) >= slots + kSpareSlots &&
+      p->ready_chunk.load(std::memory_order_acquire) >= chunk) {
+    return true;  // nothing to make: no wait for a copy that holds the pipeline
+  }
   std::lock_guard<std::mutex> held(p->busy);
   if (!p->dma.for_context(ctx, slots + kSpareSlots)) return false;
   // Short of pinned memory the copy runs on fewer slots, as Engine::copy does.
-  return p->ring.ensure(slots + kSpareSlots, chunk) || (p->ring.count() > kSpareSlots && p->ring.slot_bytes() >= chunk);
+  const bool ok = p->ring.ensure(slots + kSpareSlots, chunk) ||
+                  (p->ring.count() > kSpareSlots && p->ring.slot_bytes() >= chunk);
+  if (ok) p->note_ready(slots + kSpareSlots);
+  return ok;
 }
 
 // Runs one lane of the job; a worker first makes the job's context current in its thread.
@@ -237,6 +258,7 @@ CUresult Engine::copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming) {
     if (slots < 1 || p->ring.slot_bytes() < chunk) return CUDA_ERROR_NOT_READY;
   }
   const int buffers = slots + kSpareSlots;
+  p->note_ready(buffers);
   if (timeline::enabled()) {
     p->dma.trace_begin(res, j.plan.blocks);
     traced_ = p;
@@ -291,9 +313,9 @@ CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming) {
   return g_engine->copy(req, ran_ns, warming);
 }
 
-bool engine_prepare(CUcontext ctx, const Settings& settings) {
+bool engine_prepare(CUcontext ctx, Direction dir, size_t bytes, const Settings& settings) {
   std::call_once(g_engine_once, [] { g_engine = new Engine(); });
-  return g_engine->prepare_for(ctx, settings);
+  return g_engine->prepare_for(ctx, dir, bytes, settings);
 }
 
 std::string engine_dma_gpu_times() { return g_engine ? g_engine->dma_gpu_times() : std::string(); }

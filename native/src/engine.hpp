@@ -38,10 +38,12 @@ struct CopyRequest {
 // than without cmt); without it, the copy waits for the setup.
 CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns = nullptr, bool* warming = nullptr);
 
-// Readies ctx's pipeline for copies with `settings` (its setup done, staging and events sized), in
-// the calling thread: for a copy that will run where first-use setup must not (stream_io.hpp's I/O
-// thread, while the caller's stream waits on it). False if the engine cannot take such copies.
-bool engine_prepare(CUcontext ctx, const Settings& settings);
+// Readies ctx's pipeline for a copy of `bytes` in `dir` with `settings` (its setup done, staging
+// and events sized), in the calling thread: for a copy that will run where first-use setup must not
+// (stream_io.hpp's I/O thread, while the caller's stream waits on it). Returns at once when nothing
+// needs making, without waiting for a copy running on the pipeline. False if the engine cannot
+// take such copies.
+bool engine_prepare(CUcontext ctx, Direction dir, size_t bytes, const Settings& settings);
 
 // With CMT_TRACE: the GPU's start and end of each DMA of the last copy, in µs from the copy's start
 // on the DMA stream, as JSON [[start, end], ...]; "" when not traced.

@@ -212,7 +212,7 @@ bool file_transfer_prepare(const IoRequest& q) {
     RelaxedCapture relaxed(d);
     if (bounce_prepare(range.ctx)) return true;
   }
-  return private_stream(d, range.ctx) && engine_prepare(range.ctx, q.settings);
+  return private_stream(d, range.ctx) && engine_prepare(range.ctx, q.dir, q.bytes, q.settings);
 }
 
 IoResult file_transfer(const IoRequest& q) {

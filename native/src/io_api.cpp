@@ -57,7 +57,9 @@ bool make_request(void* file, Direction dir, CUdeviceptr device, uint64_t bytes,
 int transfer(void* file, Direction dir, CUdeviceptr device, uint64_t bytes, int64_t file_off, const Settings* settings,
              IoResult* out) {
   IoRequest q;
-  if (make_request(file, dir, device, bytes, file_off, settings, &q, out)) *out = file_transfer(q);
+  if (!make_request(file, dir, device, bytes, file_off, settings, &q, out)) return out->status;
+  stream_io_warm();  // the caller's thread, where pinning may wait
+  *out = file_transfer(q);
   return out->status;
 }
 
@@ -78,6 +80,7 @@ API_EXPORT void* cmt_io_attach(int fd, int* os_errno) {
     if (os_errno) *os_errno = errno;
     return nullptr;
   }
+  stream_io_warm();
   return new IoFile(own);
 }
 

@@ -43,18 +43,16 @@ class FlagWords {
  public:
   bool take(const Driver& d, uint32_t** word, uint32_t* target) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (free_.empty()) {
-      void* page = nullptr;
-      if (d.cuMemHostAlloc(&page, kPageBytes, CU_MEMHOSTALLOC_PORTABLE | kMemHostAllocDeviceMap) != CUDA_SUCCESS) {
-        return false;
-      }
-      memset(page, 0, kPageBytes);
-      for (size_t i = 0; i < kPageBytes / sizeof(uint32_t); ++i) free_.push_back(static_cast<uint32_t*>(page) + i);
-    }
+    if (free_.empty() && !add_page(d)) return false;
     *word = free_.back();
     free_.pop_back();
     *target = __atomic_load_n(*word, __ATOMIC_RELAXED) + 1;  // wraps after 2^32: the wait compares cyclically
     return true;
+  }
+  // A first page, unless there are words already.
+  void warm(const Driver& d) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (free_.empty() && !pages_) add_page(d);
   }
   void give(uint32_t* word) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -62,7 +60,19 @@ class FlagWords {
   }
 
  private:
+  bool add_page(const Driver& d) {
+    void* page = nullptr;
+    if (d.cuMemHostAlloc(&page, kPageBytes, CU_MEMHOSTALLOC_PORTABLE | kMemHostAllocDeviceMap) != CUDA_SUCCESS) {
+      return false;
+    }
+    memset(page, 0, kPageBytes);
+    for (size_t i = 0; i < kPageBytes / sizeof(uint32_t); ++i) free_.push_back(static_cast<uint32_t*>(page) + i);
+    ++pages_;
+    return true;
+  }
+
   static constexpr size_t kPageBytes = 4096;
+  int pages_ = 0;
   std::mutex mutex_;
   std::vector<uint32_t*> free_;
 };
@@ -241,5 +251,12 @@ IoResult stream_io_result(StreamOp* op) {
 }
 
 void stream_io_release(StreamOp* op) { release(op); }
+
+void stream_io_warm() {
+  const Driver& d = driver(/*load_if_absent=*/true);
+  CUcontext ctx = nullptr;
+  if (!d.ok || !d.cuStreamWaitValue32 || d.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx) return;
+  g_words.warm(d);
+}
 
 }  // namespace cmt

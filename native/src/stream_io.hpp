@@ -29,5 +29,9 @@ bool stream_io_wait(StreamOp* op, int64_t timeout_us);
 IoResult stream_io_result(StreamOp* op);
 // The caller lets go of the transfer (it still runs to its end if it has not).
 void stream_io_release(StreamOp* op);
+// Pins the first page of flag words now, if a CUDA context is current in the calling thread, so
+// that a later stream-ordered transfer does not pin memory while its stream is busy (a pinning call
+// may wait for the device). cmt.io calls it when a file is opened and at synchronous transfers.
+void stream_io_warm();
 
 }  // namespace cmt
