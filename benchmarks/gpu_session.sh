@@ -2,7 +2,7 @@
 # The one script run on the GPU machine, from the repository root; its files land in $OUT (which the
 # device tool brings back: at most 8 files). Modes, run in the order given:
 #   install  python3 -m pip install --no-build-isolation --no-deps .   (-> install.log)
-#   tests    the GPU tests, pytest -m gpu                              (-> gpu-tests.log)
+#   tests    the GPU tests, pytest -m gpu -v; TESTS_K selects (-k)      (-> gpu-tests.log)
 #   core     benchmarks/core_acceptance.py, $PROCESSES (default 3) plain and cmt processes in turn
 #                                                                      (-> core-acceptance.json)
 #   copy     cmt bench copy, the full sweep                            (-> copy.json, copy.png)
@@ -13,6 +13,8 @@
 #            disk's O_DIRECT limit, one and 16 threads, against KvikIO where carried (-> io.json, io.png)
 #   ioacc    benchmarks/io_acceptance.py: read_async's return time on a busy stream, first-use setup
 #                                                                      (-> io-acceptance.json)
+#   streamcheck  research/stream_io_hang.py: read_async on a busy stream, once and in a loop, 1 GiB; a
+#            child that hangs gets cuda-gdb's backtraces                 (-> streamcheck.log)
 #   frameworks  cmt bench workloads of the libraries that stage their own copies (safetensors-cuda,
 #            cupy, seed-jax, hf-load)                                 (-> workloads.json)
 #   models   cmt bench workloads of the model-load family (every loader warm and cold, the C++ loader);
@@ -43,8 +45,8 @@ for mode in "${modes[@]}"; do
   case "$mode" in
     install) python3 -m pip install --no-build-isolation --no-deps . > "$OUT/install.log" 2>&1 ||
                { tail -30 "$OUT/install.log"; exit 1; } ;;
-    tests) timeout 400 python3 -m pytest -m gpu tests -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" |
-             tail -8 ;;
+    tests) timeout ${TESTS_TIMEOUT:-400} python3 -m pytest -m gpu tests -v --tb=short -p no:cacheprovider \
+             ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$OUT/gpu-tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" ;;
     core) timeout 580 python3 benchmarks/core_acceptance.py --processes "${PROCESSES:-3}" \
             --out "$OUT/core-acceptance.json" 2>&1 | tail -30 ;;
     copy) timeout 200 python3 -m cmt bench copy --out "$OUT" 2>&1 | tail -45 ;;
@@ -55,6 +57,8 @@ for mode in "${modes[@]}"; do
           -i all -x cpu-gpu,cpu-pinned-gpu,cmt,kvikio --out "$OUT" 2>&1 | tail -80 ;;
     ioacc) mkdir -p /tmp/cmt-io && timeout 200 python3 benchmarks/io_acceptance.py --dir /tmp/cmt-io \
              --out "$OUT/io-acceptance.json" 2>&1 | tail -20 ;;
+    streamcheck) mkdir -p /tmp/cmt-hang && HANG_MB=1024 timeout 200 python3 research/stream_io_hang.py /tmp/cmt-hang \
+                   test,loop 2>&1 | grep -v "^cmt\[" | tee "$OUT/streamcheck.log" | tail -40 ;;
     frameworks) COLUMNS=150 timeout 500 python3 -m cmt bench workloads --only safetensors-cuda,cupy,seed-jax,hf-load \
                   --rounds ${ROUNDS:-3} \
                   --out "$OUT" 2>&1 | tail -40 ;;
@@ -62,7 +66,7 @@ for mode in "${modes[@]}"; do
 print(",".join(n for n in w.names() if n.startswith("model-load") and n.endswith(c)))')
             COLUMNS=150 timeout 540 python3 -m cmt bench workloads --only "$only" ${QUICK:+--quick} --out "$OUT" 2>&1 |
               tail -40 ;;
-    *) echo "unknown mode $mode (install, tests, core, copy, load, doctor, io, ioacc, frameworks, models, all)"; false ;;
+    *) echo "unknown mode $mode (install, tests, core, copy, load, doctor, io, ioacc, streamcheck, frameworks, models, all)"; false ;;
   esac || { status=1; echo "== $mode failed"; }
 done
 ls -l "$OUT"

@@ -22,7 +22,12 @@ def run_child(prelude: str, code: str, cwd, timeout: int = 300, needs: tuple[str
     """Runs EVICT + prelude + code in a child (in `cwd`); its stdout, or a failed assertion with both outputs."""
     for module in needs:
         pytest.importorskip(module)
-    proc = subprocess.run([sys.executable, "-c", EVICT + prelude + textwrap.dedent(code)], capture_output=True,
-                          text=True, timeout=timeout, cwd=cwd)
+    # A child that hangs prints its threads' Python stacks before it is stopped, so the log says where.
+    watchdog = f"import faulthandler; faulthandler.dump_traceback_later({max(5, timeout - 10)}, exit=True)\n"
+    try:
+        proc = subprocess.run([sys.executable, "-c", watchdog + EVICT + prelude + textwrap.dedent(code)],
+                              capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the child did not finish in {timeout} s\nstdout:\n{e.stdout}\nstderr:\n{e.stderr}")
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     return proc.stdout
