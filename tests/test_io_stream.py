@@ -111,3 +111,32 @@ def test_stream_handles_of_every_kind():
                                                                                                           11]
     with pytest.raises(TypeError, match="not a CUDA stream"):
         handle("stream")
+
+
+def test_a_copy_pins_no_staging_while_a_stream_ordered_transfer_waits(run_python, tmp_path):
+    # Pinning while holding the pipeline could wait, on the real driver, behind a kernel launch that
+    # waits for the stream-ordered transfer, which needs the pipeline: such a copy runs without.
+    run_scenario(run_python, f'''
+        path = os.path.join({str(tmp_path)!r}, "f.bin")
+        data = pattern(6 * MiB + 5, 11)
+        make_file(path, data)
+        n = len(data)
+        d, d2 = drv.mem_alloc(n), drv.mem_alloc(n)
+        s = drv.stream_create()
+        gate = threading.Event()
+        drv.launch_host_func(s, gate.wait)
+        with cmt.io.open(path) as f, cmt.io.open(path, settings={{"chunk_bytes": 32 * MiB}}) as wide:
+            sf = f.read_async((d, n), s)
+            pinned = drv.call_count("cuMemHostAlloc")
+            assert wide.read((d2, n)) == n  # wants larger staging than the pipeline has
+            assert drv.call_count("cuMemHostAlloc") == pinned, "staging was pinned while a transfer waited"
+            assert drv.peek(d2, n) == data
+            gate.set()
+            assert sf.check_bytes_done(timeout=30) == n
+        drv.stream_sync(s)
+        assert drv.peek(d, n) == data
+        with cmt.io.open(path, settings={{"chunk_bytes": 32 * MiB}}) as wide:  # nothing waits now: it grows
+            drv.memset_d8(d2, 0, n)
+            assert wide.read((d2, n)) == n and drv.peek(d2, n) == data
+        assert drv.call_count("cuMemHostAlloc") > pinned
+    ''')

@@ -44,6 +44,8 @@ int fresh_memory_threads() {
 // on the H200 host, a pipeline per direction (and per thread) carried 1 GiB each way at once at
 // 45-54 GB/s together, no more than copies taking turns (53.5): staged copies in both directions
 // together are bound by the CPUs' memory bandwidth (docs/engine-findings.md, "Copies at once").
+std::atomic<int> g_stream_transfers{0};  // engine_stream_transfers()
+
 struct Pipeline {
   enum State { Preparing, Ready, Failed };
   CUcontext ctx = nullptr;
@@ -167,8 +169,10 @@ bool Engine::prepare_for(CUcontext ctx, Direction dir, size_t bytes, const Setti
   }
   std::lock_guard<std::mutex> held(p->busy);
   if (!p->dma.for_context(ctx, slots + kSpareSlots)) return false;
-  // Short of pinned memory the copy runs on fewer slots, as Engine::copy does.
-  const bool ok = p->ring.ensure(slots + kSpareSlots, chunk) ||
+  // Short of pinned memory the copy runs on fewer slots, as Engine::copy does; nor does it pin while
+  // other stream-ordered transfers wait (engine_stream_transfers).
+  const bool may_grow = g_stream_transfers.load(std::memory_order_acquire) == 0;
+  const bool ok = (may_grow && p->ring.ensure(slots + kSpareSlots, chunk)) ||
                   (p->ring.count() > kSpareSlots && p->ring.slot_bytes() >= chunk);
   if (ok) p->note_ready(slots + kSpareSlots);
   return ok;
@@ -253,7 +257,12 @@ CUresult Engine::copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming) {
   // The setup sized the ring for every rule in force; only explicit settings beyond them (the tuner's
   // trials) or a plan replaced since can make it grow here. Short of pinned memory, fewer slots.
   // The spares stand in for slots a late lane may still touch (job.hpp).
-  if (!p->ring.ensure(slots + kSpareSlots, chunk)) {
+  const bool grows = p->ring.count() < slots + kSpareSlots || p->ring.slot_bytes() < chunk;
+  const bool may_grow = g_stream_transfers.load(std::memory_order_acquire) == 0;
+  if (grows && !may_grow) {
+    log::debug_once(0x91b0, "a copy that needs more staging runs without it while stream-ordered transfers wait");
+  }
+  if (grows && (!may_grow || !p->ring.ensure(slots + kSpareSlots, chunk))) {  // fewer slots, or none
     slots = std::min(slots, p->ring.count() - kSpareSlots);
     if (slots < 1 || p->ring.slot_bytes() < chunk) return CUDA_ERROR_NOT_READY;
   }
@@ -312,6 +321,8 @@ CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming) {
   std::call_once(g_engine_once, [] { g_engine = new Engine(); });  // never destroyed: workers live on
   return g_engine->copy(req, ran_ns, warming);
 }
+
+void engine_stream_transfers(int delta) { g_stream_transfers.fetch_add(delta, std::memory_order_acq_rel); }
 
 bool engine_prepare(CUcontext ctx, Direction dir, size_t bytes, const Settings& settings) {
   std::call_once(g_engine_once, [] { g_engine = new Engine(); });

@@ -45,6 +45,12 @@ CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns = nullptr, bool* w
 // take such copies.
 bool engine_prepare(CUcontext ctx, Direction dir, size_t bytes, const Settings& settings);
 
+// Stream-ordered transfers queued and not yet done (+1 when queued, -1 when done). While there are
+// any, a copy does not grow a pipeline's staging: it would pin memory while it holds the pipeline,
+// and on the real driver pinning can wait behind a kernel launch that itself waits for such a
+// transfer, which needs the pipeline. The copy takes the slots there are, or goes to the driver.
+void engine_stream_transfers(int delta);
+
 // With CMT_TRACE: the GPU's start and end of each DMA of the last copy, in µs from the copy's start
 // on the DMA stream, as JSON [[start, end], ...]; "" when not traced.
 std::string engine_dma_gpu_times();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "driver.hpp"
+#include "engine.hpp"
 #include "log.hpp"
 
 namespace cmt {
@@ -92,6 +93,7 @@ void finish(StreamOp* op, const IoResult& r) {
     __atomic_store_n(op->word, op->target, __ATOMIC_RELEASE);
     g_words.give(op->word);
   }
+  engine_stream_transfers(-1);
   release(op);
 }
 
@@ -208,7 +210,9 @@ StreamOp* stream_io_submit(const IoRequest& req, CUstream stream, IoResult* fail
     op->word = nullptr;
   }
   req.file->retain();
+  engine_stream_transfers(+1);
   if (CUresult r = d.cuLaunchHostFunc(stream, on_reached, op); r != CUDA_SUCCESS) {
+    engine_stream_transfers(-1);
     if (op->word) g_words.give(op->word);
     req.file->release();
     delete op;
