@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cmt.bench import load
+from cmt.bench import load, load_children
 from cmt.cli import main
 from cmt.errors import CmtError
 
@@ -57,7 +57,7 @@ def left_behind(bench_pid: int) -> list[str]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
-        burner = any(load._BURNER_MARK in a for a in argv) and str(bench_pid) in argv
+        burner = any(load_children._BURNER_MARK in a for a in argv) and str(bench_pid) in argv
         probe = "cmt.bench.load_probe" in argv and str(bench_pid) in argv
         if (burner or probe) and state != "Z":
             found.append(f"{entry.name}: {' '.join(argv)[:120]}")
@@ -193,7 +193,7 @@ def test_a_stopped_run_leaves_no_process_and_no_folder(fake_driver_dir: Path, tm
                        "--processes", "20", "--out", str(out))
     try:
         deadline = time.monotonic() + 60
-        while len([x for x in left_behind(proc.pid) if load._BURNER_MARK in x]) < 2:
+        while len([x for x in left_behind(proc.pid) if load_children._BURNER_MARK in x]) < 2:
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the burners never started"
             time.sleep(0.02)
@@ -215,7 +215,7 @@ def test_a_stopped_run_leaves_no_process_and_no_folder(fake_driver_dir: Path, tm
 # -- probes that fail or hang --------------------------------------------------------------------------
 def test_a_failing_or_silent_probe_is_an_error_not_a_hang(fake_driver_dir: Path, monkeypatch):
     monkeypatch.setenv("LD_LIBRARY_PATH", str(fake_driver_dir))
-    with load.Children() as children:
+    with load_children.Children() as children:
         runner = load.Runner(children, None, timeout_s=30)
         got = runner.run("plain", {"kind": "driven", "jobs": [{"device": 5, "direction": "h2d", "bytes": 4096}]})
         assert got.result is None and "GPU 5 does not exist" in got.error
@@ -235,7 +235,7 @@ def test_a_failing_or_silent_probe_is_an_error_not_a_hang(fake_driver_dir: Path,
 
 def test_a_probe_on_the_wrong_side_is_refused(fake_driver_dir: Path, monkeypatch):
     monkeypatch.setenv("LD_LIBRARY_PATH", str(fake_driver_dir))
-    with load.Children() as children:
+    with load_children.Children() as children:
         runner = load.Runner(children, None)
         runner.prefix["cmt"] = []  # a "cmt" probe that is not under cmt
         spec = {"kind": "groups", "groups": [{"name": "g", "warmup": 0, "repeats": 1,

@@ -1,5 +1,6 @@
 """`cmt bench`: copy-bandwidth sweeps (copy_sweep), real workloads (workload_runner) and copies on a
-loaded machine (load, whose child processes are load_probe), with the tables, JSON and plots (report);
+loaded machine (load; its child processes in load_children and load_probe, its JSON, tables and plot
+in load_report), with the tables, JSON and plots (report);
 the machine fingerprint comes from cmt.machine. `cmt tune` reuses copy_sweep's measurement functions.
 
 Nothing heavy is imported here: `cmt bench --help` loads this package."""

@@ -15,7 +15,7 @@ from .. import config as cfg
 from .. import cuda, native, plotting
 from ..errors import CmtError
 from ..options import config_option
-from . import DIRECTIONS, MODES, workloads
+from . import DIRECTIONS, MODES, load_report, workloads
 from . import load as load_bench
 from .sizes import format_size, parse_names, parse_sizes
 
@@ -311,8 +311,8 @@ def load_cmd(scenarios, rounds, busy, sizes, counts, threads, copy_size, thread_
             done[0] += 1
 
         rows, failures = lb.run(plan, native.plan_stages, step)
-    doc = lb.document(rows, failures, machine, engine, plan)
-    _finish(doc, out, "load", as_json, no_plot, lb.tables(doc), lb.plot)
+    doc = load_report.document(rows, failures, machine, engine, plan)
+    _finish(doc, out, "load", as_json, no_plot, load_report.tables(doc), load_report.plot)
     if failures:
         raise CmtError(f"{len(failures)} measurement{'s' if len(failures) > 1 else ''} failed, the first: "
                        f"{failures[0]} (see {out / 'load.json'})", exit_code=1)

@@ -15,6 +15,9 @@ their minimum and maximum, and the pinned figure measured by the same processes:
   round robin over several GPUs where there are several.
 - `threads`: T threads of one process each copying host-to-device, then device-to-host, at once:
   the aggregate GB/s and each thread's share (and round robin over several GPUs where there are several).
+
+This module holds the plan, the runner of the probes and the scenarios; the child processes are in
+load_children, the result document, tables and plot in load_report.
 """
 
 from __future__ import annotations
@@ -22,22 +25,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ..errors import CmtError
 from . import load_probe
-from .sizes import format_size
+from .load_children import Children, Stopped, _LineReader, _stop_on_signals, burners, child_env
 
 SCENARIOS = ("busy", "duplex", "processes", "threads")
 SIDES = ("plain", "cmt")
@@ -54,23 +54,6 @@ DEFAULT_ROUNDS = 3
 
 PROBE_TIMEOUT_S = 300.0  # one probe process, or one step of a group of processes
 START_AHEAD_S = 0.02  # processes start their copies this long after the parent says go
-_BURNER_MARK = "cmt-load-burner"
-_BURNER = f"""# {_BURNER_MARK}
-import ctypes, os, sys, time
-parent, stop = int(sys.argv[1]), time.monotonic() + float(sys.argv[2])
-try:
-    ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG: SIGKILL when the bench ends
-except Exception:
-    pass
-if os.getppid() != parent:
-    os._exit(0)
-os.write(1, b"b")
-while True:
-    for _ in range(200000):
-        pass
-    if os.getppid() != parent or time.monotonic() > stop:
-        os._exit(0)
-"""
 
 
 # -- the plan ---------------------------------------------------------------------------------------
@@ -144,118 +127,7 @@ class LoadPlan:
         return sum(per_round[s] for s in self.scenarios) * self.rounds * len(SIDES)
 
 
-# -- child processes ----------------------------------------------------------------------------------
-class Stopped(BaseException):
-    """SIGTERM or SIGHUP came: every child goes, then the command ends."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def _stop_on_signals() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise Stopped in the main thread, so that the `finally` clauses that end
-    the children run (Ctrl-C raises KeyboardInterrupt already)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum, _frame):
-        raise Stopped(signum)
-
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-
-
-class Children:
-    """Every process this run starts; whatever is still alive on leaving is killed and reaped."""
-
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, argv: Sequence[str], **kw) -> subprocess.Popen:
-        proc = subprocess.Popen(list(argv), **kw)
-        self.procs.append(proc)
-        return proc
-
-    def end(self, proc: subprocess.Popen) -> None:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=30)
-        for pipe in (proc.stdin, proc.stdout, proc.stderr):
-            if pipe is not None:
-                with contextlib.suppress(OSError):
-                    pipe.close()
-        if proc in self.procs:
-            self.procs.remove(proc)
-
-    def end_all(self) -> None:
-        for proc in list(self.procs):
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-        for proc in list(self.procs):
-            self.end(proc)
-
-    def __enter__(self) -> Children:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.end_all()
-
-
-class _LineReader(load_probe.LineReader):
-    """A child's stdout, a line at a time, with a time limit; knows its child."""
-
-    def __init__(self, proc: subprocess.Popen):
-        super().__init__(proc.stdout.fileno())
-        self.proc = proc
-
-
-@contextlib.contextmanager
-def burners(children: Children, count: int, max_s: float) -> Iterator[list[subprocess.Popen]]:
-    """`count` processes, each a pure busy loop in a session of its own, running before the body
-    starts and gone after it ends, whatever happens. Each also ends itself when this process ends
-    (parent-death signal, and a check of its parent) and after `max_s` seconds."""
-    procs: list[subprocess.Popen] = []
-    try:
-        for _ in range(count):
-            procs.append(children.start([sys.executable, "-S", "-c", _BURNER, str(os.getpid()), str(max_s)],
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=subprocess.DEVNULL, start_new_session=True))
-        for p in procs:  # each says it is burning
-            ready = select.select([p.stdout], [], [], 30)[0]
-            if not ready or os.read(p.stdout.fileno(), 1) != b"b":
-                raise CmtError(f"a CPU burner did not start (exit status {p.poll()})", exit_code=1)
-        yield procs
-    finally:
-        for p in procs:  # all stop at once, then each is reaped
-            with contextlib.suppress(ProcessLookupError):
-                p.kill()
-        for p in procs:
-            children.end(p)
-
-
-def child_env() -> dict[str, str]:
-    """The probes' environment: without cmt's library (`cmt run` adds it to the cmt side), with
-    this cmt package importable."""
-    from . import workload_runner
-
-    env = workload_runner.plain_env()
-    root = str(Path(__file__).resolve().parents[2])
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if root not in paths and not root.endswith(("site-packages", "dist-packages")):
-        env["PYTHONPATH"] = os.pathsep.join([root, *paths])
-    return env
-
-
+# -- the probes ---------------------------------------------------------------------------------------
 @dataclass
 class ProbeRun:
     """How a probe, or a group of probe processes, went: `result` or an `error`."""
@@ -605,180 +477,3 @@ def run(plan: LoadPlan, staged: Callable[[str, int], bool], progress: Progress |
             raise CmtError(f"stopped by {signal.Signals(e.signum).name}; nothing written",
                            exit_code=128 + e.signum) from None
     return bench.rows, bench.failures
-
-
-def document(rows: list[dict[str, Any]], failures: list[str], machine: dict[str, Any], engine: dict[str, Any],
-             plan: LoadPlan) -> dict[str, Any]:
-    """The JSON result file's content (format `cmt-bench-load`, version 1)."""
-    return {
-        "format": "cmt-bench-load", "version": 1, "date": machine.get("date"), "machine": machine, "cmt": engine,
-        "plan": plan.to_json(),
-        "timing": ("busy: cmt bench copy's sweep in each process (pageable: host clock around the blocking copy "
-                   "and a synchronisation; pinned: CUDA events); duplex, processes, threads: host clock from the "
-                   "first copy's start to the last one's end (processes: the shared monotonic clock), pageable "
-                   "and pinned alike, each copy an async copy on its own non-blocking stream and a synchronisation"),
-        "statistics": ("each side: median, min and max over its processes (each process's figure is the median "
-                       "over its repeats); pinned_*: the same processes' pinned copies; vs_pinned: median over "
-                       "the processes of pageable / pinned within each; cmt_vs_plain: cmt median / plain median; "
-                       "_pairs: cmt / plain per round (the processes ran in turn)"),
-        "failures": failures,
-        "results": rows,
-    }
-
-
-# -- terminal tables ----------------------------------------------------------------------------------
-def _gpus_text(gpus: list[int]) -> str:
-    return f"GPU{'s' if len(gpus) > 1 else ''} {','.join(map(str, gpus))}"
-
-
-def _share(side: dict[str, Any]) -> str:
-    runs = [r for r in side.get("runs", []) if r.get("pageable", {}).get("share_min") is not None]
-    if not runs:
-        return "-"
-    lo = statistics.median(r["pageable"]["share_min"] for r in runs)
-    hi = statistics.median(r["pageable"]["share_max"] for r in runs)
-    return f"{lo:.2f}-{hi:.2f}"
-
-
-def _pinned_cell(side: dict[str, Any]) -> dict[str, Any] | None:
-    if not side.get("pinned_median_gbps"):
-        return None
-    return {"median_gbps": side["pinned_median_gbps"], "min_gbps": side["pinned_min_gbps"],
-            "max_gbps": side["pinned_max_gbps"]}
-
-
-def tables(doc: dict[str, Any]) -> list:
-    from rich.table import Table
-
-    from .report import _PASSED_NOTE, _cell, _ratio
-
-    by_scenario: dict[str, list[dict[str, Any]]] = {}
-    for row in doc["results"]:
-        by_scenario.setdefault(row["scenario"], []).append(row)
-    out = []
-    titles = {"busy": "busy host", "duplex": "both directions at once",
-              "processes": "processes copying at once, host to device", "threads": "threads of one process at once"}
-    for scenario, rows in by_scenario.items():
-        first = {"busy": ("busy", "copy"), "duplex": ("copies",), "processes": ("GPU", "copies"),
-                 "threads": ("GPU", "copies")}[scenario]
-        t = Table(title=f"{titles[scenario]}: GB/s, median [dim]min-max[/] over processes", title_justify="left",
-                  caption_justify="left")
-        cols = (*first, "plain", "cmt", "pinned", "cmt/plain", "cmt/pin", *(
-            ("shares",) if scenario in ("processes", "threads") else ()))
-        for col in cols:
-            t.add_column(col, justify="right", no_wrap=True, min_width=len(col) if len(col) <= 6 else None)
-        for row in rows:
-            plain, cmt = row["plain"], row["cmt"]
-            plain_cell = _cell(plain) if plain.get("median_gbps") else "[red]failed[/]" if plain["errors"] else "-"
-            cmt_cell = _cell(cmt) if cmt.get("median_gbps") else "[red]failed[/]" if cmt["errors"] else "-"
-            vs_pinned = f"{100 * cmt['vs_pinned']:.0f}%" if cmt.get("vs_pinned") else "-"
-            plain_r = plain if plain.get("median_gbps") else None
-            cmt_r = cmt if cmt.get("median_gbps") else None
-            if scenario == "busy":
-                head = (str(row["busy_threads"]), f"{row['direction']} {format_size(row['bytes'])}")
-            elif scenario == "duplex":
-                head = (f"h2d + d2h {format_size(row['bytes'])}",)
-            elif scenario == "processes":
-                head = (",".join(map(str, row["gpus"])), f"{row['processes']}x {format_size(row['bytes'])}")
-            else:
-                head = (",".join(map(str, row["gpus"])),
-                        f"{row['threads']}x {row['direction']} {format_size(row['bytes'])}")
-            pinned = f"{cmt['pinned_median_gbps']:.1f}" if cmt.get("pinned_median_gbps") else "-"
-            cells = [*head, plain_cell, cmt_cell, pinned, _ratio(cmt_r, plain_r), vs_pinned]
-            if scenario in ("processes", "threads"):
-                cells.append(_share(cmt))
-            t.add_row(*cells)
-            if cmt.get("outcome"):
-                t.caption = _PASSED_NOTE
-        notes = {"busy": "busy: CPU-burning processes; pinned: the cmt processes' own (CUDA events)",
-                 "duplex": "pinned: the cmt processes' own, both directions at once",
-                 "processes": "shares: cmt, each process's rate against the mean of all (1 = fair)",
-                 "threads": "shares: cmt, each thread's rate against the mean of all (1 = fair)"}
-        if scenario in notes:
-            t.caption = "\n".join(x for x in (t.caption, notes[scenario]) if x)
-        out.append(t)
-    return out
-
-
-# -- the plot -------------------------------------------------------------------------------------------
-_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray")
-
-
-def _bars(ax, labels: list[str], rows: list[dict[str, Any]]) -> None:
-    width = 0.27
-    xs = range(len(rows))
-    for offset, (name, color, pick) in zip((-width, 0, width), (
-            ("plain", "tab:red", lambda r: r["plain"]), ("cmt", "tab:blue", lambda r: r["cmt"]),
-            ("pinned (cmt processes)", "0.5", lambda r: _pinned_cell(r["cmt"]) or {})), strict=True):
-        med = [pick(r).get("median_gbps") or 0 for r in rows]
-        lo = [m - (pick(r).get("min_gbps") or m) for m, r in zip(med, rows, strict=True)]
-        hi = [(pick(r).get("max_gbps") or m) - m for m, r in zip(med, rows, strict=True)]
-        ax.bar([x + offset for x in xs], med, width, yerr=[lo, hi], color=color, label=name, capsize=2)
-    ax.set_xticks(list(xs), labels, rotation=20, ha="right")
-
-
-def plot(doc: dict[str, Any], path: Path) -> Path:
-    """One panel per scenario (the busy host: one per direction). Raises plotting.Unavailable
-    without matplotlib."""
-    from .. import plotting
-    from .report import _save, machine_text
-
-    plt = plotting.pyplot()
-    rows = doc["results"]
-    panels: list[tuple[str, list[dict[str, Any]]]] = []
-    for scenario in doc["plan"]["scenarios"]:
-        mine = [r for r in rows if r["scenario"] == scenario]
-        if scenario == "busy":
-            panels += [(f"busy:{d}", [r for r in mine if r["direction"] == d]) for d in doc["plan"]["directions"]]
-        elif mine:
-            panels.append((scenario, mine))
-    cols = min(3, max(1, len(panels)))
-    nrows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(6 * cols, 4.6 * nrows), squeeze=False)
-    fig.suptitle(f"cmt bench load: {machine_text(doc.get('machine', {}))}")
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
-    for ax, (name, mine) in zip(axes.flat, panels, strict=False):
-        if name.startswith("busy:"):
-            d = name.split(":")[1]
-            for i, n in enumerate(sorted({r["bytes"] for r in mine})):
-                pts = sorted((r["busy_threads"], r) for r in mine if r["bytes"] == n)
-                xs = [b for b, _ in pts]
-                color = _COLORS[i % len(_COLORS)]
-                for side, style in (("cmt", "-"), ("plain", "--")):
-                    ax.plot(xs, [r[side].get("median_gbps") or float("nan") for _, r in pts], style, marker="o",
-                            color=color, label=f"{side} {format_size(n)}")
-            ax.set_xlabel("CPU-burning processes")
-            ax.set_xticks(sorted({r["busy_threads"] for r in mine}))
-            ax.set_title(f"busy host: {'host to device' if d == 'h2d' else 'device to host'} "
-                         "(solid cmt, dashed plain)")
-            ax.legend(fontsize="x-small", ncol=2)
-        elif name == "processes":
-            for gpus in sorted({tuple(r["gpus"]) for r in mine}):
-                pts = sorted((r["processes"], r) for r in mine if tuple(r["gpus"]) == gpus)
-                xs = [n for n, _ in pts]
-                style = "-" if len(gpus) == 1 else ":"
-                for side, color, pick in (("plain", "tab:red", lambda r: r["plain"]),
-                                          ("cmt", "tab:blue", lambda r: r["cmt"]),
-                                          ("pinned", "0.4", lambda r: _pinned_cell(r["cmt"]) or {})):
-                    ax.plot(xs, [pick(r).get("median_gbps") or float("nan") for _, r in pts], style, marker="o",
-                            color=color, label=f"{side}, {_gpus_text(list(gpus))}")
-            counts = sorted({r["processes"] for r in mine})
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(counts, [str(n) for n in counts])
-            ax.set_xlabel(f"processes, each {format_size(mine[0]['bytes'])} host to device")
-            ax.set_title("processes at once: aggregate")
-            ax.legend(fontsize="x-small")
-        elif name == "duplex":
-            _bars(ax, [f"h2d + d2h, {format_size(mine[0]['bytes'])} each"], mine)
-            ax.set_title("both directions at once: total")
-            ax.legend(fontsize="small")
-        else:
-            _bars(ax, [f"{r['direction']}, {_gpus_text(r['gpus'])}" for r in mine], mine)
-            ax.set_title(f"{mine[0]['threads']} threads x {format_size(mine[0]['bytes'])}: aggregate")
-            ax.legend(fontsize="small")
-        ax.set_ylabel("GB/s (median over processes)")
-        ax.set_ylim(bottom=0)
-        ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    return _save(plt, fig, path)
