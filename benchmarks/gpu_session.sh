@@ -15,6 +15,10 @@
 #                                                                      (-> io-acceptance.json)
 #   streamcheck  research/stream_io_hang.py: read_async on a busy stream, once and in a loop, 1 GiB; a
 #            child that hangs gets cuda-gdb's backtraces                 (-> streamcheck.log)
+#   coldread research/cold_read_modes.cpp (g++, CPU only) on a 4 GiB file in /tmp/cmt-io, made if missing and
+#            removed after: cold reads buffered / O_DIRECT / io_uring by threads, I/O size and queue depth,
+#            2 runs each, none started after COLD_SECONDS (default 240) s; about 5 minutes in all
+#                                                      (-> cold-read-modes.json, cold-read-modes.txt)
 #   frameworks  cmt bench workloads of the libraries that stage their own copies (safetensors-cuda,
 #            cupy, seed-jax, hf-load)                                 (-> workloads.json)
 #   models   cmt bench workloads of the model-load family (every loader warm and cold, the C++ loader);
@@ -38,7 +42,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 modes=()
 for m in "$@"; do if [ "$m" = all ]; then modes+=(install tests core copy); else modes+=("$m"); fi; done
-[ ${#modes[@]} -gt 0 ] || { sed -n '2,25p' "$0"; exit 2; }
+[ ${#modes[@]} -gt 0 ] || { sed -n '2,32p' "$0"; exit 2; }
 status=0
 for mode in "${modes[@]}"; do
   echo "== $mode $(date -u +%T)"
@@ -59,6 +63,11 @@ for mode in "${modes[@]}"; do
              --out "$OUT/io-acceptance.json" 2>&1 | tail -20 ;;
     streamcheck) mkdir -p /tmp/cmt-hang && HANG_MB=1024 timeout 200 python3 research/stream_io_hang.py /tmp/cmt-hang \
                    test,loop 2>&1 | grep -v "^cmt\[" | tee "$OUT/streamcheck.log" | tail -40 ;;
+    coldread) mkdir -p /tmp/cmt-io && g++ -O2 -std=c++17 -pthread -o /tmp/cold_read_modes research/cold_read_modes.cpp &&
+                { timeout $(( ${COLD_SECONDS:-240} + 150 )) /tmp/cold_read_modes /tmp/cmt-io/cold-read-4g.bin --make 4G \
+                    --seconds-max "${COLD_SECONDS:-240}" --json "$OUT/cold-read-modes.json" > "$OUT/cold-read-modes.txt"
+                  rc=$?; cat "$OUT/cold-read-modes.txt"; rm -f /tmp/cmt-io/cold-read-4g.bin /tmp/cmt-io/cold-read-4g.bin.making
+                  [ $rc -eq 0 ]; } ;;
     frameworks) COLUMNS=150 timeout 500 python3 -m cmt bench workloads --only safetensors-cuda,cupy,seed-jax,hf-load \
                   --rounds ${ROUNDS:-3} \
                   --out "$OUT" 2>&1 | tail -40 ;;
@@ -66,7 +75,7 @@ for mode in "${modes[@]}"; do
 print(",".join(n for n in w.names() if n.startswith("model-load") and n.endswith(c)))')
             COLUMNS=150 timeout 540 python3 -m cmt bench workloads --only "$only" ${QUICK:+--quick} --out "$OUT" 2>&1 |
               tail -40 ;;
-    *) echo "unknown mode $mode (install, tests, core, copy, load, doctor, io, ioacc, streamcheck, frameworks, models, all)"; false ;;
+    *) echo "unknown mode $mode (install, tests, core, copy, load, doctor, io, ioacc, streamcheck, coldread, frameworks, models, all)"; false ;;
   esac || { status=1; echo "== $mode failed"; }
 done
 ls -l "$OUT"
