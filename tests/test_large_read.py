@@ -55,8 +55,9 @@ SPLIT = {
 def run(run_c_program, tmp_path: Path, extra: dict | None = None) -> dict[str, dict[str, int]]:
     data = tmp_path / "data"
     data.mkdir(exist_ok=True)
-    # rotational=0: the cold case is split whatever disk the test's file is on (test_spinning_disks).
-    env = {"LD_PRELOAD": str(library_path()), "CMT_PLAN": PLAN, "CMT_TEST_HOOKS": "wait_setup=1,rotational=0",
+    # rotational=0: the cold case is split whatever disk the test's file is on (test_spinning_disks);
+    # guard=0: every case is split or not by its own rule, never passed on by the rate guard.
+    env = {"LD_PRELOAD": str(library_path()), "CMT_PLAN": PLAN, "CMT_TEST_HOOKS": "wait_setup=1,rotational=0,guard=0",
            **(extra or {})}
     proc = run_c_program(SOURCE, tmp_path, args=[str(data)], timeout=240, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -97,7 +98,7 @@ def test_the_threshold_is_a_setting(run_c_program, tmp_path):
 
 
 def test_on_spinning_disks_only_cached_ranges_are_split(run_c_program, tmp_path):
-    seen = run(run_c_program, tmp_path, {"CMT_TEST_HOOKS": "wait_setup=1,rotational=1"})
+    seen = run(run_c_program, tmp_path, {"CMT_TEST_HOOKS": "wait_setup=1,rotational=1,guard=0"})
     assert seen["read, whole file, cold"]["split"] == 0  # one sequential read: the head does not seek
     assert seen["read, whole file into a larger buffer"]["split"] == 1  # written just before: cached
 
@@ -106,7 +107,7 @@ def fault(run_c_program, tmp_path: Path, hooks: str, call: str, start: int) -> d
     data = tmp_path / "data"
     data.mkdir(exist_ok=True)
     env = {"LD_PRELOAD": str(library_path()), "CMT_PLAN": PLAN,
-           "CMT_TEST_HOOKS": "wait_setup=1,rotational=0," + hooks}
+           "CMT_TEST_HOOKS": "wait_setup=1,rotational=0,guard=0," + hooks}
     proc = run_c_program(SOURCE, tmp_path, args=[str(data), "fault", call, str(start)], timeout=240, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()

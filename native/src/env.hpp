@@ -39,6 +39,8 @@ struct Env {
   int test_rotational = -1;      // rotational=0|1: every file's disk spins or not (disk_kind.hpp); -1 ask
   long test_read_eio = -1;       // read_eio=OFFSET: large reads fail with EIO at that file offset (large_read.cpp)
   bool test_read_eio_once = false;  // read_eio_once=1: only the first time
+  long test_read_slow_after = 0;   // read_slow_after=K, read_slow_us=N: from the (K+1)th split read on,
+  long test_read_slow_us = 0;      //   each piece first sleeps N µs (descheduled lanes; large_read.cpp)
   std::string test_sysfs;  // sysfs=PATH: where the NUMA placement reads sysfs (a made-up tree)
 };
 

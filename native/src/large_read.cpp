@@ -28,6 +28,7 @@
 #include "log.hpp"
 #include "page_cache.hpp"
 #include "prefault.hpp"
+#include "rate_guard.hpp"
 
 #define API_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -68,7 +69,7 @@ PreadChkFn g_pread_chk = early_pread_chk, g_pread64_chk = early_pread_chk;
 // Reads below this take the plain path at once; SIZE_MAX until the library is initialised.
 std::atomic<size_t> g_threshold{SIZE_MAX};
 
-std::atomic<uint64_t> g_split_calls{0}, g_split_bytes{0}, g_alone_calls{0}, g_alone_bytes{0};
+std::atomic<uint64_t> g_split_calls{0}, g_split_bytes{0}, g_alone_calls{0}, g_alone_bytes{0}, g_guarded_calls{0};
 
 constexpr uint64_t kMaxRw = 0x7ffff000;  // the most one read returns (the kernel's MAX_RW_COUNT)
 constexpr int kSubIov = 64;              // iovecs per system call of a lane (its stack stays small)
@@ -156,9 +157,13 @@ uint64_t first_short(const ReadJob& j, uint64_t len, int* err) {
 
 void read_pieces(void* arg, int lane) {
   auto& j = *static_cast<ReadJob*>(arg);
+  const long slow_us = env().test_read_slow_us;  // CMT_TEST_HOOKS read_slow_us / read_slow_after
+  const bool slow = __builtin_expect(slow_us > 0, 0) &&
+                    g_split_calls.load(std::memory_order_relaxed) >= static_cast<uint64_t>(env().test_read_slow_after);
   for (;;) {
     const uint64_t a = j.next.fetch_add(j.piece, std::memory_order_relaxed);
     if (a >= j.len || a >= j.stop.load(std::memory_order_relaxed)) break;
+    if (slow) usleep(static_cast<useconds_t>(slow_us));
     read_range(j, a, std::min(a + j.piece, j.len), lane);
   }
 }
@@ -213,6 +218,18 @@ ssize_t split_read(int fd, const iovec* iov, int iovcnt, bool positional, off_t 
   // the page cache (a part of it read from the disk in pieces would make the head seek between them).
   if (rotational_device(st.st_dev) && resident_fraction(fd, static_cast<uint64_t>(here), len) < 1) return plain();
 
+  // Never slower than the one call: the rate guard watches split reads against libc's, as it watches
+  // staged copies against the driver's (rate_guard.hpp), and passes reads to libc while splitting
+  // loses on this host.
+  const bool guarded = env().test_guard;
+  if (guarded && guard_decide(Guarded::FileRead, len) != Verdict::Stage) {
+    const uint64_t t0 = monotonic_ns();
+    const ssize_t n = plain();
+    if (n > 0) guard_passed(Guarded::FileRead, static_cast<size_t>(n), monotonic_ns() - t0);
+    g_guarded_calls.fetch_add(1, std::memory_order_relaxed);
+    return n;
+  }
+  const uint64_t t0 = monotonic_ns();
   InsideCmt inside;  // the lanes' own calls, and any signal handler's, are plain
   int cancel = 0;
   pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel);
@@ -258,6 +275,7 @@ ssize_t split_read(int fd, const iovec* iov, int iovcnt, bool positional, off_t 
   }
   if (!positional && done != len) lseek(fd, static_cast<off_t>(start + done), SEEK_SET);
   pthread_setcancelstate(cancel, nullptr);
+  if (guarded && split && done == len) guard_staged(Guarded::FileRead, done, monotonic_ns() - t0);
   (split ? g_split_calls : g_alone_calls).fetch_add(1, std::memory_order_relaxed);
   (split ? g_split_bytes : g_alone_bytes).fetch_add(done, std::memory_order_relaxed);
   if (done == 0 && err) {
@@ -300,7 +318,7 @@ void large_read_init() {
 }
 
 ReadCounters read_counters() {
-  return {g_split_calls.load(), g_split_bytes.load(), g_alone_calls.load(), g_alone_bytes.load()};
+  return {g_split_calls.load(), g_split_bytes.load(), g_alone_calls.load(), g_alone_bytes.load(), g_guarded_calls.load()};
 }
 
 }  // namespace cmt

@@ -34,6 +34,7 @@ void large_read_init();
 struct ReadCounters {
   uint64_t split_calls = 0, split_bytes = 0;    // reads split over the lanes, and the bytes they returned
   uint64_t alone_calls = 0, alone_bytes = 0;    // the same, read by the calling thread alone (pool busy)
+  uint64_t guarded_calls = 0;                    // passed to libc by the rate guard (splitting lost here)
 };
 ReadCounters read_counters();
 

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <string>
 
 #include "log.hpp"
 
@@ -26,20 +27,28 @@ struct SizeClass {
   std::atomic<uint32_t> probe_every{kProbeFirst};
   std::atomic<uint64_t> probe_at{0};                  // when the last probe was staged
 };
-SizeClass g_classes[kDirections][kClasses];
+SizeClass g_classes[kGuarded][kClasses];
 std::atomic<uint64_t> g_backed_off{0}, g_staged_again{0};
 
-SizeClass& of(Direction d, size_t bytes) {
+SizeClass& of(Guarded g, size_t bytes) {
   int c = bytes ? 63 - __builtin_clzll(bytes) : 0;
-  return g_classes[static_cast<int>(d)][c < kClasses ? c : kClasses - 1];
+  return g_classes[static_cast<int>(g)][c < kClasses ? c : kClasses - 1];
 }
+
+// For the debug log: what backs off, and to what.
+std::string what(Guarded g, size_t bytes) {
+  const std::string size = std::to_string(size_t(1) << (63 - __builtin_clzll(bytes))) + "+ bytes";
+  if (g == Guarded::FileRead) return "large file reads of " + size;
+  return std::string(direction_name(static_cast<Direction>(g))) + " copies of " + size;
+}
+const char* plain_one(Guarded g) { return g == Guarded::FileRead ? "the single read" : "the driver"; }
 
 double rate(size_t bytes, uint64_t ns) { return static_cast<double>(bytes) / static_cast<double>(ns ? ns : 1); }
 
 }  // namespace
 
-Verdict guard_decide(Direction d, size_t bytes) {
-  SizeClass& c = of(d, bytes);
+Verdict guard_decide(Guarded g, size_t bytes) {
+  SizeClass& c = of(g, bytes);
   if (c.backed_off.load(std::memory_order_relaxed)) {
     const uint32_t every = c.probe_every.load(std::memory_order_relaxed);
     const uint64_t now = monotonic_ns();
@@ -60,8 +69,8 @@ Verdict guard_decide(Direction d, size_t bytes) {
   return Verdict::Stage;
 }
 
-void guard_staged(Direction d, size_t bytes, uint64_t ns) {
-  SizeClass& c = of(d, bytes);
+void guard_staged(Guarded g, size_t bytes, uint64_t ns) {
+  SizeClass& c = of(g, bytes);
   const double r = rate(bytes, ns), driver = c.driver.load(std::memory_order_relaxed);
   if (c.backed_off.load(std::memory_order_relaxed)) {  // a probe
     if (r <= kMargin * driver) {  // lost: on a host that stays busy, probes cost less and less
@@ -71,8 +80,8 @@ void guard_staged(Direction d, size_t bytes, uint64_t ns) {
       c.backed_off.store(false, std::memory_order_relaxed);
       c.staged.store(r, std::memory_order_relaxed);
       g_staged_again.fetch_add(1, std::memory_order_relaxed);
-      log::write(log::Level::Debug, "%s copies of %zu+ bytes staged again: %.1f GB/s against the driver's %.1f",
-                 direction_name(d), size_t(1) << (63 - __builtin_clzll(bytes)), r, driver);
+      log::write(log::Level::Debug, "%s staged again: %.1f GB/s against %s's %.1f", what(g, bytes).c_str(), r,
+                 plain_one(g), driver);
     }
     return;
   }
@@ -82,8 +91,8 @@ void guard_staged(Direction d, size_t bytes, uint64_t ns) {
   if (now > c.best.load(std::memory_order_relaxed)) c.best.store(now, std::memory_order_relaxed);
 }
 
-void guard_passed(Direction d, size_t bytes, uint64_t ns) {
-  SizeClass& c = of(d, bytes);
+void guard_passed(Guarded g, size_t bytes, uint64_t ns) {
+  SizeClass& c = of(g, bytes);
   const double r = rate(bytes, ns);
   c.driver.store(r, std::memory_order_relaxed);
   c.driver_at.store(monotonic_ns(), std::memory_order_relaxed);
@@ -94,9 +103,8 @@ void guard_passed(Direction d, size_t bytes, uint64_t ns) {
     c.probe_every.store(kProbeFirst, std::memory_order_relaxed);
     c.backed_off.store(true, std::memory_order_relaxed);
     g_backed_off.fetch_add(1, std::memory_order_relaxed);
-    log::write(log::Level::Debug,
-               "%s copies of %zu+ bytes back off to the driver: staged %.1f GB/s against the driver's %.1f",
-               direction_name(d), size_t(1) << (63 - __builtin_clzll(bytes)), staged, r);
+    log::write(log::Level::Debug, "%s back off to %s: staged %.1f GB/s against its %.1f", what(g, bytes).c_str(),
+               plain_one(g), staged, r);
   }
 }
 

@@ -28,11 +28,20 @@ namespace cmt {
 
 enum class Verdict { Stage, PassToMeasure, PassBackedOff };
 
+// What the guard watches: the three directions of copies, and large file reads split over the
+// lanes (large_read.hpp), whose "driver" is libc's one read call.
+enum class Guarded : int { HtoD = 0, DtoH = 1, HtoH = 2, FileRead = 3 };
+constexpr int kGuarded = 4;
+inline Guarded guarded(Direction d) { return static_cast<Guarded>(d); }
+
 // What to do with a copy the plan stages.
-Verdict guard_decide(Direction d, size_t bytes);
+Verdict guard_decide(Guarded g, size_t bytes);
 // How long a copy took through the engine (Stage) or the driver (both Pass verdicts), in ns.
-void guard_staged(Direction d, size_t bytes, uint64_t ns);
-void guard_passed(Direction d, size_t bytes, uint64_t ns);
+void guard_staged(Guarded g, size_t bytes, uint64_t ns);
+void guard_passed(Guarded g, size_t bytes, uint64_t ns);
+inline Verdict guard_decide(Direction d, size_t bytes) { return guard_decide(guarded(d), bytes); }
+inline void guard_staged(Direction d, size_t bytes, uint64_t ns) { guard_staged(guarded(d), bytes, ns); }
+inline void guard_passed(Direction d, size_t bytes, uint64_t ns) { guard_passed(guarded(d), bytes, ns); }
 
 // Runs the driver's own copy (call_real) of a copy cmt did not stage; times it for the guard when
 // the guard passed it (outcome BackedOff).

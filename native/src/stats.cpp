@@ -66,11 +66,12 @@ void print_report() {
     add("  backed off to the driver %llu times, staged again %llu times\n",
         static_cast<unsigned long long>(ev.backed_off), static_cast<unsigned long long>(ev.staged_again));
   }
-  if (reads.split_calls || reads.alone_calls) {
+  if (reads.split_calls || reads.alone_calls || reads.guarded_calls) {
     add("  large file reads: %llu split over the copy threads (%llu bytes), %llu by the calling thread alone "
-        "(%llu bytes)\n",
+        "(%llu bytes), %llu passed to libc by the rate guard\n",
         static_cast<unsigned long long>(reads.split_calls), static_cast<unsigned long long>(reads.split_bytes),
-        static_cast<unsigned long long>(reads.alone_calls), static_cast<unsigned long long>(reads.alone_bytes));
+        static_cast<unsigned long long>(reads.alone_calls), static_cast<unsigned long long>(reads.alone_bytes),
+        static_cast<unsigned long long>(reads.guarded_calls));
   }
   if (uint64_t n = g_taken_over.load()) {
     add("  %llu pieces taken over from stalled (descheduled) copy threads\n", static_cast<unsigned long long>(n));
@@ -110,7 +111,8 @@ std::string stats_json() {
   }
   const ReadCounters r = read_counters();
   s += ",\"reads\":{\"split\":[" + std::to_string(r.split_calls) + "," + std::to_string(r.split_bytes) +
-       "],\"alone\":[" + std::to_string(r.alone_calls) + "," + std::to_string(r.alone_bytes) + "]}";
+       "],\"alone\":[" + std::to_string(r.alone_calls) + "," + std::to_string(r.alone_bytes) +
+       "],\"guarded\":" + std::to_string(r.guarded_calls) + "}";
   const GuardEvents ev = guard_events();
   return s + ",\"events\":{\"backed_off\":" + std::to_string(ev.backed_off) + ",\"staged_again\":" +
          std::to_string(ev.staged_again) + ",\"taken_over\":" + std::to_string(g_taken_over.load()) + "}}";
