@@ -20,10 +20,18 @@ def emit(result: Any) -> None:
     print(PREFIX + json.dumps(result), flush=True)
 
 
-def run(cmd: Sequence[str], env: Mapping[str, str] | None = None) -> tuple[Any, subprocess.CompletedProcess]:
+def run(cmd: Sequence[str], env: Mapping[str, str] | None = None,
+        timeout: float | None = None) -> tuple[Any, subprocess.CompletedProcess]:
     """The parent's side: runs cmd and returns (its result, the process); the result is None when
-    the child failed or printed none."""
-    proc = subprocess.run(list(cmd), capture_output=True, text=True, env=None if env is None else dict(env))
+    the child failed, printed none, or ran past `timeout` seconds (stopped: its output so far is in
+    the process's stdout and stderr, and its return code is None)."""
+    try:
+        proc = subprocess.run(list(cmd), capture_output=True, text=True, env=None if env is None else dict(env),
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        return None, subprocess.CompletedProcess(list(cmd), None, out, err + f"\n(stopped after {timeout} s)")
     line = next((x for x in proc.stdout.splitlines() if x.startswith(PREFIX)), None)
     return (json.loads(line[len(PREFIX):]) if line and not proc.returncode else None), proc
 

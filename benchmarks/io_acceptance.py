@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import child_result  # noqa: E402
 
 GIB = 1 << 30
+CHILD_TIMEOUT_S = 90
 
 
 def _evict_or_warm(path: str, *, warm: bool) -> None:
@@ -37,7 +38,11 @@ def _evict_or_warm(path: str, *, warm: bool) -> None:
 
 
 def child_stream(path: str, rounds: int) -> None:
+    import faulthandler
+
     import torch
+
+    faulthandler.dump_traceback_later(CHILD_TIMEOUT_S - 10, exit=True)  # a hang says where, before it is stopped
 
     import cmt.io
 
@@ -107,7 +112,8 @@ def main() -> None:
     me = [sys.executable, os.path.abspath(__file__), "--rounds", str(a.rounds)]
     result: dict = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "processes": a.processes}
     try:
-        res, proc = child_result.run(me + ["--child", "stream", "--path", big])
+        print("read_async on a busy stream ...", flush=True)
+        res, proc = child_result.run(me + ["--child", "stream", "--path", big], timeout=CHILD_TIMEOUT_S)
         if res is None:
             raise SystemExit(f"stream child failed:\n{proc.stderr[-3000:]}")
         result["stream"] = {"return_us": _spread(res["return_us"]),
@@ -116,7 +122,8 @@ def main() -> None:
         firsts, laters = [], []
         for _ in range(a.processes):  # warm: the same bytes for the first and the later reads
             _evict_or_warm(small, warm=True)
-            res, proc = child_result.run(me + ["--child", "setup", "--path", small])
+            print("first use, a process ...", flush=True)
+            res, proc = child_result.run(me + ["--child", "setup", "--path", small], timeout=CHILD_TIMEOUT_S)
             if res is None:
                 raise SystemExit(f"setup child failed:\n{proc.stderr[-3000:]}")
             firsts.append(res["first_ms"])

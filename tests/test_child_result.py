@@ -28,6 +28,12 @@ def test_no_result_from_a_child_that_failed_or_printed_none():
     assert silent is None
 
 
+def test_a_child_past_its_time_is_stopped_with_its_output_so_far():
+    result, proc = child_result.run(child("print('started', flush=True); import time; time.sleep(30)"), timeout=2)
+    assert result is None and proc.returncode is None
+    assert "started" in proc.stdout and "stopped after 2 s" in proc.stderr
+
+
 def test_the_childs_environment_is_the_one_given():
     result, _ = child_result.run(child("import os; child_result.emit(os.environ.get('CMT_X'))"),
                                  {"CMT_X": "7", "PATH": "/usr/bin:/bin"})
