@@ -140,3 +140,25 @@ def test_a_copy_pins_no_staging_while_a_stream_ordered_transfer_waits(run_python
             assert wide.read((d2, n)) == n and drv.peek(d2, n) == data
         assert drv.call_count("cuMemHostAlloc") > pinned
     ''')
+
+
+def test_a_small_stream_ordered_read_does_not_wait_behind_a_bulk_one_on_another_stream(run_python, tmp_path):
+    # The bulk read's engine copy is parked for 3 s (a test hook); the small read, on another stream,
+    # runs on the small transfers' I/O thread meanwhile.
+    run_scenario(run_python, f'''
+        path = os.path.join({str(tmp_path)!r}, "f.bin")
+        data = pattern(8 * MiB, 12)
+        make_file(path, data)
+        big, small = drv.mem_alloc(8 * MiB), drv.mem_alloc(4096)
+        s1, s2 = drv.stream_create(), drv.stream_create()
+        with cmt.io.open(path) as f:
+            bulk = f.read_async((big, 8 * MiB), s1)
+            time.sleep(0.3)  # the bulk read is running, parked
+            start = time.monotonic()
+            assert f.read_async((small, 4096), s2, file_offset=5000).check_bytes_done(timeout=10) == 4096
+            took = time.monotonic() - start
+            assert not bulk.done(), "the bulk read was not held back"
+            assert took < 1.5, took
+            assert bulk.check_bytes_done(timeout=30) == 8 * MiB
+        assert drv.peek(small, 4096) == data[5000:9096] and drv.peek(big, 8 * MiB) == data
+    ''', CMT_TEST_HOOKS="wait_setup=1,park_piece=0,park_us=3000000")

@@ -100,13 +100,15 @@ void finish(StreamOp* op, const IoResult& r) {
 }  // namespace
 
 // The thread that runs the stream-ordered transfers of one context, in the order their streams
-// reach them. Never destroyed (host functions may still name it).
+// reach them: one for small transfers (kSmallIoBytes), one for the rest, so that a small one on one
+// stream does not wait behind a bulk one on another. Never destroyed (host functions may still name it).
 class IoWorker {
  public:
-  explicit IoWorker(CUcontext ctx) : ctx_(ctx), pid_(getpid()) {
+  IoWorker(CUcontext ctx, bool small) : ctx_(ctx), pid_(getpid()), small_(small) {
     std::thread([this] { run(); }).detach();
   }
   CUcontext ctx() const { return ctx_; }
+  bool small() const { return small_; }
   pid_t pid() const { return pid_; }
   // Called from a host function: no CUDA here.
   void push(StreamOp* op) {
@@ -134,6 +136,7 @@ class IoWorker {
 
   CUcontext ctx_;
   pid_t pid_;
+  bool small_;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<StreamOp*> queue_;
@@ -141,14 +144,15 @@ class IoWorker {
 
 namespace {
 
-IoWorker* worker_for(CUcontext ctx) {
+IoWorker* worker_for(CUcontext ctx, bool small) {
   static std::mutex mutex;
   static std::vector<IoWorker*> workers;
   std::lock_guard<std::mutex> lock(mutex);
   for (IoWorker* w : workers) {
-    if (w->ctx() == ctx && w->pid() == getpid()) return w;  // a forked child has none of the parent's threads
+    // a forked child has none of the parent's threads
+    if (w->ctx() == ctx && w->small() == small && w->pid() == getpid()) return w;
   }
-  workers.push_back(new IoWorker(ctx));
+  workers.push_back(new IoWorker(ctx, small));
   return workers.back();
 }
 
@@ -201,7 +205,7 @@ StreamOp* stream_io_submit(const IoRequest& req, CUstream stream, IoResult* fail
   op->req = req;
   op->req.wait_legacy = false;  // the stream orders it
   op->req.may_set_up = false;   // what it needs was made above, by file_transfer_prepare
-  op->worker = worker_for(ctx);
+  op->worker = worker_for(ctx, req.bytes <= kSmallIoBytes);
   CUdeviceptr flag = 0;
   const bool wait_value = d.cuStreamWaitValue32 && d.cuMemHostGetDevicePointer && !g_no_wait_value.load();
   if (wait_value && g_words.take(d, &op->word, &op->target) &&
