@@ -46,6 +46,11 @@ int fresh_memory_threads() {
 // together are bound by the CPUs' memory bandwidth (docs/engine-findings.md, "Copies at once").
 std::atomic<int> g_stream_transfers{0};  // engine_stream_transfers()
 
+// A copy's settings as the engine uses them: within the engine's limits.
+size_t chunk_of(const Settings& st) { return std::clamp(static_cast<size_t>(st.chunk_bytes), kMinChunk, kMaxChunk); }
+int threads_of(const Settings& st) { return static_cast<int>(std::clamp<int64_t>(st.threads, 1, kMaxThreads)); }
+int buffers_of(const Settings& st) { return static_cast<int>(std::clamp<int64_t>(st.buffers, 1, kMaxBuffers)); }
+
 struct Pipeline {
   enum State { Preparing, Ready, Failed };
   CUcontext ctx = nullptr;
@@ -85,6 +90,11 @@ class Engine {
   Pipeline* find(CUcontext ctx);
   // find(), then waits for the setup; nullptr if it failed.
   Pipeline* ready(CUcontext ctx);
+  // Under p->busy: the DMA events (*res) and staging for `slots` slots of `chunk` bytes. Returns the
+  // slots the copy can have: fewer when short of pinned memory, or when the ring may not grow
+  // because stream-ordered transfers wait (engine_stream_transfers; `setup`: the pipeline's own
+  // setup, which no transfer waits for, may); 0 if none.
+  static int fit(Pipeline* p, CUcontext ctx, int slots, size_t chunk, ContextResources** res, bool setup = false);
   // The setup thread: the ring, stream, events and workers for the largest rule in force.
   void prepare(Pipeline* p);
 
@@ -128,13 +138,10 @@ void Engine::prepare(Pipeline* p) {
     numa_move_setup_thread(p->place);  // before the ring: its pinned pages come from the GPU's node
     if (p->place.placed()) p->run.place = &p->place;
     const Settings most = active_plan().largest();
-    const int slots = static_cast<int>(std::clamp<int64_t>(most.buffers, 1, kMaxBuffers));
-    const size_t chunk = std::clamp(static_cast<size_t>(most.chunk_bytes), kMinChunk, kMaxChunk);
     // Short of pinned memory (the node's budget), the ring keeps what it got: copies use fewer slots.
-    ok = p->dma.for_context(p->ctx, slots + kSpareSlots) &&
-         (p->ring.ensure(slots + kSpareSlots, chunk) || p->ring.count() > kSpareSlots);
-    pool_.prestart(static_cast<int>(std::clamp<int64_t>(most.threads, 1, kMaxThreads)) - 1);
-    if (ok) p->note_ready(slots + kSpareSlots);  // no copy runs on it before it is Ready
+    ContextResources* res = nullptr;
+    ok = fit(p, p->ctx, buffers_of(most), chunk_of(most), &res, /*setup=*/true) > 0;  // no copy runs before it is Ready
+    pool_.prestart(threads_of(most) - 1);
   }
   {
     std::lock_guard<std::mutex> lock(p->setup_mutex);
@@ -159,23 +166,34 @@ bool Engine::prepare_for(CUcontext ctx, Direction dir, size_t bytes, const Setti
   Pipeline* p = ready(ctx);
   if (!p) return false;
   // The slots the copy will use, as Engine::copy counts them.
-  const size_t chunk = std::clamp(static_cast<size_t>(st.chunk_bytes), kMinChunk, kMaxChunk);
-  const int threads = static_cast<int>(std::clamp<int64_t>(st.threads, 1, kMaxThreads));
-  const size_t blocks = cut_transfer(dir, bytes, chunk, threads, env().test_piece).blocks;
-  const int slots = static_cast<int>(std::min<size_t>(std::clamp<int64_t>(st.buffers, 1, kMaxBuffers), blocks));
+  const size_t chunk = chunk_of(st);
+  const size_t blocks = cut_transfer(dir, bytes, chunk, threads_of(st), env().test_piece).blocks;
+  const int slots = static_cast<int>(std::min<size_t>(buffers_of(st), blocks));
   if (p->ready_slots.load(std::memory_order_acquire) >= slots + kSpareSlots &&
       p->ready_chunk.load(std::memory_order_acquire) >= chunk) {
     return true;  // nothing to make: no wait for a copy that holds the pipeline
   }
   std::lock_guard<std::mutex> held(p->busy);
-  if (!p->dma.for_context(ctx, slots + kSpareSlots)) return false;
-  // Short of pinned memory the copy runs on fewer slots, as Engine::copy does; nor does it pin while
-  // other stream-ordered transfers wait (engine_stream_transfers).
-  const bool may_grow = g_stream_transfers.load(std::memory_order_acquire) == 0;
-  const bool ok = (may_grow && p->ring.ensure(slots + kSpareSlots, chunk)) ||
-                  (p->ring.count() > kSpareSlots && p->ring.slot_bytes() >= chunk);
-  if (ok) p->note_ready(slots + kSpareSlots);
-  return ok;
+  ContextResources* res = nullptr;
+  return fit(p, ctx, slots, chunk, &res) > 0;
+}
+
+int Engine::fit(Pipeline* p, CUcontext ctx, int slots, size_t chunk, ContextResources** res, bool setup) {
+  if (!(*res = p->dma.for_context(ctx, slots + kSpareSlots))) return 0;
+  // The spares stand in for slots a late lane may still touch (job.hpp).
+  const bool grows = p->ring.count() < slots + kSpareSlots || p->ring.slot_bytes() < chunk;
+  if (grows) {
+    const bool may_grow = setup || g_stream_transfers.load(std::memory_order_acquire) == 0;
+    if (!may_grow) {
+      log::debug_once(0x91b0, "a copy that needs more staging runs without it while stream-ordered transfers wait");
+    }
+    if (!may_grow || !p->ring.ensure(slots + kSpareSlots, chunk)) {  // fewer slots, or none
+      slots = std::min(slots, p->ring.count() - kSpareSlots);
+      if (slots < 1 || p->ring.slot_bytes() < chunk) return 0;
+    }
+  }
+  p->note_ready(slots + kSpareSlots);
+  return slots;
 }
 
 // Runs one lane of the job; a worker first makes the job's context current in its thread.
@@ -220,8 +238,8 @@ CUresult Engine::copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming) {
   const Driver& d = driver();
   if (pool_.forgotten() || !d.ok) return CUDA_ERROR_NOT_READY;
   const Settings& st = req.settings;
-  const size_t chunk = std::clamp(static_cast<size_t>(st.chunk_bytes), kMinChunk, kMaxChunk);
-  int threads = static_cast<int>(std::clamp<int64_t>(st.threads, 1, kMaxThreads));
+  const size_t chunk = chunk_of(st);
+  int threads = threads_of(st);
   const bool prefault = !req.end && req.dir == Direction::DtoH && prepare_fresh_destination(req.host, req.bytes);
   if (prefault) threads = std::max(threads, fresh_memory_threads());
 
@@ -251,23 +269,12 @@ CUresult Engine::copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming) {
   Job& j = p->job;
   p->dma.trace_forget();  // the last copy's DMA times describe its blocks, about to be replaced
   j.plan = cut_transfer(req.dir, req.bytes, chunk, threads, env().test_piece);
-  int slots = static_cast<int>(std::min<size_t>(std::clamp<int64_t>(st.buffers, 1, kMaxBuffers), j.plan.blocks));
-  ContextResources* res = p->dma.for_context(req.ctx, slots + kSpareSlots);
-  if (!res) return CUDA_ERROR_NOT_READY;
   // The setup sized the ring for every rule in force; only explicit settings beyond them (the tuner's
-  // trials) or a plan replaced since can make it grow here. Short of pinned memory, fewer slots.
-  // The spares stand in for slots a late lane may still touch (job.hpp).
-  const bool grows = p->ring.count() < slots + kSpareSlots || p->ring.slot_bytes() < chunk;
-  const bool may_grow = g_stream_transfers.load(std::memory_order_acquire) == 0;
-  if (grows && !may_grow) {
-    log::debug_once(0x91b0, "a copy that needs more staging runs without it while stream-ordered transfers wait");
-  }
-  if (grows && (!may_grow || !p->ring.ensure(slots + kSpareSlots, chunk))) {  // fewer slots, or none
-    slots = std::min(slots, p->ring.count() - kSpareSlots);
-    if (slots < 1 || p->ring.slot_bytes() < chunk) return CUDA_ERROR_NOT_READY;
-  }
+  // trials) or a plan replaced since can make it grow here.
+  ContextResources* res = nullptr;
+  const int slots = fit(p, req.ctx, static_cast<int>(std::min<size_t>(buffers_of(st), j.plan.blocks)), chunk, &res);
+  if (slots < 1) return CUDA_ERROR_NOT_READY;
   const int buffers = slots + kSpareSlots;
-  p->note_ready(buffers);
   if (timeline::enabled()) {
     p->dma.trace_begin(res, j.plan.blocks);
     traced_ = p;

@@ -200,19 +200,18 @@ CUcontext io_context_of(CUdeviceptr device) {
   return range.ctx;
 }
 
-bool file_transfer_prepare(const IoRequest& q) {
+bool file_transfer_prepare(const IoRequest& q, CUcontext ctx) {
   const Driver& d = driver(/*load_if_absent=*/true);
-  DeviceRange range;
-  if (!d.ok || !query_device(d, q.device, &range) || !range.ctx) return false;
-  ContextScope scope(d, range.ctx);
+  if (!d.ok || !ctx) return false;
+  ContextScope scope(d, ctx);
   if (!scope.ok()) return false;
   // A small transfer needs only a bounce buffer; a larger one the engine (as a small one does when
   // its context can have no buffer).
   if (q.bytes <= kSmallIoBytes) {
     RelaxedCapture relaxed(d);
-    if (bounce_prepare(range.ctx)) return true;
+    if (bounce_prepare(ctx)) return true;
   }
-  return private_stream(d, range.ctx) && engine_prepare(range.ctx, q.dir, q.bytes, q.settings);
+  return private_stream(d, ctx) && engine_prepare(ctx, q.dir, q.bytes, q.settings);
 }
 
 IoResult file_transfer(const IoRequest& q) {

@@ -75,7 +75,7 @@ IoResult file_transfer(const IoRequest& req);
 // stream-ordered API calls it before it queues a transfer: on the real driver, creating a stream in
 // the I/O thread while the caller's thread launches work onto the waiting stream deadlocked
 // (docs/storage.md). False if the engine cannot take it (the transfer then goes through the driver).
-bool file_transfer_prepare(const IoRequest& req);
+bool file_transfer_prepare(const IoRequest& req, CUcontext ctx);
 
 // Settings for files: every usable CPU up to 16 (lanes wait on the disk as much as they copy), 8
 // buffers of 8 MiB (the engine's pieces are then 4 KiB multiples, so aligned for O_DIRECT).

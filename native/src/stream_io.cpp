@@ -50,7 +50,9 @@ class FlagWords {
     *target = __atomic_load_n(*word, __ATOMIC_RELAXED) + 1;  // wraps after 2^32: the wait compares cyclically
     return true;
   }
-  // A first page, unless there are words already.
+  // A first page, unless there are words already. After the first, one load: it runs at every
+  // synchronous transfer.
+  bool warmed() const { return pages_made_.load(std::memory_order_acquire); }
   void warm(const Driver& d) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (free_.empty() && !pages_) add_page(d);
@@ -69,11 +71,13 @@ class FlagWords {
     memset(page, 0, kPageBytes);
     for (size_t i = 0; i < kPageBytes / sizeof(uint32_t); ++i) free_.push_back(static_cast<uint32_t*>(page) + i);
     ++pages_;
+    pages_made_.store(true, std::memory_order_release);
     return true;
   }
 
   static constexpr size_t kPageBytes = 4096;
   int pages_ = 0;
+  std::atomic<bool> pages_made_{false};
   std::mutex mutex_;
   std::vector<uint32_t*> free_;
 };
@@ -198,7 +202,7 @@ StreamOp* stream_io_submit(const IoRequest& req, CUstream stream, IoResult* fail
     return nullptr;
   }
   // Everything the transfer will need is made here: made in the I/O thread, it deadlocked.
-  if (!file_transfer_prepare(req)) {
+  if (!file_transfer_prepare(req, ctx)) {
     log::debug_once(0x905, "a stream-ordered transfer found no staging pipeline: it goes through the driver");
   }
   auto* op = new StreamOp;
@@ -261,6 +265,7 @@ IoResult stream_io_result(StreamOp* op) {
 void stream_io_release(StreamOp* op) { release(op); }
 
 void stream_io_warm() {
+  if (g_words.warmed()) return;
   const Driver& d = driver(/*load_if_absent=*/true);
   CUcontext ctx = nullptr;
   if (!d.ok || !d.cuStreamWaitValue32 || d.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx) return;
