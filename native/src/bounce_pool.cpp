@@ -18,7 +18,7 @@ class BouncePool {
   CUcontext ctx() const { return ctx_; }
   pid_t pid() const { return pid_; }
 
-  Bounce* take(bool may_make) {
+  Bounce* take() {
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
       if (!free_.empty()) {
@@ -26,7 +26,7 @@ class BouncePool {
         free_.pop_back();
         return b;
       }
-      if (may_make && !refused_ && made_ + making_ < kMaxBounces) {
+      if (!refused_ && made_ + making_ < kMaxBounces) {
         ++making_;
         lock.unlock();  // pinned memory takes a while: others meanwhile take and give buffers
         Bounce* b = make();
@@ -53,10 +53,6 @@ class BouncePool {
     cv_.notify_one();
   }
 
-  bool has_any() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return made_ > 0;
-  }
 
  private:
   // One buffer and its stream, in the calling thread (ctx current); one at a time. The node's pinned
@@ -117,17 +113,8 @@ BouncePool* pool_for(CUcontext ctx) {
 
 size_t bounce_bytes() { return kSmallIoBytes + kBounceRoom; }
 
-Bounce* bounce_take(CUcontext ctx, bool may_make) { return pool_for(ctx)->take(may_make); }
+Bounce* bounce_take(CUcontext ctx) { return pool_for(ctx)->take(); }
 
 void bounce_give(Bounce* b) { b->pool->give(b); }
-
-bool bounce_prepare(CUcontext ctx) {
-  BouncePool* p = pool_for(ctx);
-  if (p->has_any()) return true;
-  Bounce* b = p->take(/*may_make=*/true);
-  if (!b) return false;
-  p->give(b);
-  return true;
-}
 
 }  // namespace cmt

@@ -5,10 +5,7 @@
 // DMAs.
 //
 // Buffers are made on demand, in the thread of the transfer that finds none free, up to
-// kMaxBounces per context, and never freed. They are never made where first-use setup must not run
-// (the stream-ordered I/O thread: creating pinned memory or a stream there deadlocked on the real
-// driver, stream_io.cpp); file_transfer_prepare makes the first one beforehand in the caller's
-// thread, and such a transfer waits for a free buffer instead.
+// kMaxBounces per context, and never freed.
 #pragma once
 #include <cstddef>
 
@@ -28,20 +25,17 @@ struct Bounce {
 // aligned can put its bytes where the aligned ones land aligned (file_transfer.cpp).
 constexpr size_t kBounceRoom = size_t(64) << 10;
 
-// At most this many buffers per context: the futures' pool of small transfers (python/cmt/io),
-// the stream-ordered I/O thread and a few synchronous callers at once; more callers wait for one.
+// At most this many buffers per context: the futures' pool of small transfers (python/cmt/io)
+// and a few synchronous callers at once; more callers wait for one.
 constexpr int kMaxBounces = 16;
 
-// A free buffer of `ctx` (current in the calling thread). With `may_make`, one is made when none is
-// free (up to kMaxBounces); else, or at the limit, the caller waits for one. nullptr when the pool
+// A free buffer of `ctx` (current in the calling thread); one is made when none is free (up to
+// kMaxBounces); at the limit the caller waits for one. nullptr when the pool
 // has none and cannot make one (pinned memory or a stream refused, the node's pinned budget spent, a
 // forked child): the caller takes the engine's path.
-Bounce* bounce_take(CUcontext ctx, bool may_make);
+Bounce* bounce_take(CUcontext ctx);
 // Back to its pool, once the buffer's DMA is done.
 void bounce_give(Bounce* b);
-
-// Makes ctx's first buffer (if it has none) in the calling thread; false if it cannot.
-bool bounce_prepare(CUcontext ctx);
 
 // The bytes of each buffer: the largest small transfer and the room.
 size_t bounce_bytes();

@@ -25,6 +25,7 @@ typedef void (*CUhostFn)(void*);
 typedef CUresult (*PFN_cuLaunchHostFunc)(CUstream, CUhostFn, void*);
 typedef CUresult (*PFN_cuCtxSynchronize)(void);
 typedef CUresult (*PFN_cuStreamWaitValue32_v2)(CUstream, CUdeviceptr, unsigned int, unsigned int);
+typedef CUresult (*PFN_cuStreamWriteValue32_v2)(CUstream, CUdeviceptr, unsigned int, unsigned int);
 typedef CUresult (*PFN_cuMemHostGetDevicePointer_v2)(CUdeviceptr*, void*, unsigned int);
 }
 constexpr unsigned int kMemHostAllocDeviceMap = 0x2;  // CU_MEMHOSTALLOC_DEVICEMAP
@@ -57,10 +58,11 @@ struct Driver {
   PFN_cuMemcpyDtoHAsync cuMemcpyDtoHAsync = nullptr;
   // Optional (not part of `ok`): only CMT_TRACE's GPU timestamps use it.
   PFN_cuEventElapsedTime cuEventElapsedTime = nullptr;
-  // Optional: the storage path's stream-ordered reads and writes (without the wait on memory, a
-  // host function blocks the stream instead; without host functions there are none).
+  // Optional: the storage path's stream-ordered reads and writes (without waits on memory, the
+  // call waits for the stream and transfers synchronously; stream_pipeline.hpp).
   PFN_cuLaunchHostFunc cuLaunchHostFunc = nullptr;
   PFN_cuStreamWaitValue32_v2 cuStreamWaitValue32 = nullptr;
+  PFN_cuStreamWriteValue32_v2 cuStreamWriteValue32 = nullptr;
   PFN_cuMemHostGetDevicePointer_v2 cuMemHostGetDevicePointer = nullptr;
   // Optional: settling a context after a failed copy from a mapped file (mapped_copy.cpp).
   PFN_cuCtxSynchronize cuCtxSynchronize = nullptr;

@@ -44,7 +44,6 @@ int fresh_memory_threads() {
 // on the H200 host, a pipeline per direction (and per thread) carried 1 GiB each way at once at
 // 45-54 GB/s together, no more than copies taking turns (53.5): staged copies in both directions
 // together are bound by the CPUs' memory bandwidth (docs/engine-findings.md, "Copies at once").
-std::atomic<int> g_stream_transfers{0};  // engine_stream_transfers()
 
 // A copy's settings as the engine uses them: within the engine's limits.
 size_t chunk_of(const Settings& st) { return std::clamp(static_cast<size_t>(st.chunk_bytes), kMinChunk, kMaxChunk); }
@@ -63,22 +62,16 @@ struct Pipeline {
   LanePool::Run run;
   NumaPlace place;  // the GPU's NUMA node, where its staging and workers sit (numa_place.hpp)
   Job job;
-  // What its staging and events are known to hold (set under `busy` once they were made), so that
-  // a stream-ordered transfer's preparation need not wait for the copy running on it.
-  std::atomic<int> ready_slots{0};
-  std::atomic<size_t> ready_chunk{0};
-  int events_for = 0;  // slots that have DMA events (only grows)
-  void note_ready(int slots_with_events) {
-    events_for = std::max(events_for, slots_with_events);
-    ready_slots.store(std::min(events_for, ring.count()), std::memory_order_release);
-    ready_chunk.store(ring.slot_bytes(), std::memory_order_release);
-  }
 };
 
 class Engine {
  public:
   CUresult copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming);
-  bool prepare_for(CUcontext ctx, Direction dir, size_t bytes, const Settings& st);
+  bool add_run(LanePool::Run* run) { return !pool_.forgotten() && pool_.add(run); }
+  void run_job(LanePool::Run& run, Job& job, int lanes) {
+    InsideCmt inside;
+    pool_.run(run, lanes, &Engine::lane, &job, Clock::duration{});
+  }
   bool host_lanes(int lanes, LanePool::Work work, void* arg);
   void forget() { pool_.forget(); }
   std::string dma_gpu_times();
@@ -91,10 +84,8 @@ class Engine {
   // find(), then waits for the setup; nullptr if it failed.
   Pipeline* ready(CUcontext ctx);
   // Under p->busy: the DMA events (*res) and staging for `slots` slots of `chunk` bytes. Returns the
-  // slots the copy can have: fewer when short of pinned memory, or when the ring may not grow
-  // because stream-ordered transfers wait (engine_stream_transfers; `setup`: the pipeline's own
-  // setup, which no transfer waits for, may); 0 if none.
-  static int fit(Pipeline* p, CUcontext ctx, int slots, size_t chunk, ContextResources** res, bool setup = false);
+  // slots the copy can have: fewer when short of pinned memory; 0 if none.
+  static int fit(Pipeline* p, CUcontext ctx, int slots, size_t chunk, ContextResources** res);
   // The setup thread: the ring, stream, events and workers for the largest rule in force.
   void prepare(Pipeline* p);
 
@@ -140,7 +131,7 @@ void Engine::prepare(Pipeline* p) {
     const Settings most = active_plan().largest();
     // Short of pinned memory (the node's budget), the ring keeps what it got: copies use fewer slots.
     ContextResources* res = nullptr;
-    ok = fit(p, p->ctx, buffers_of(most), chunk_of(most), &res, /*setup=*/true) > 0;  // no copy runs before it is Ready
+    ok = fit(p, p->ctx, buffers_of(most), chunk_of(most), &res) > 0;  // no copy runs before it is Ready
     pool_.prestart(threads_of(most) - 1);
   }
   {
@@ -161,38 +152,13 @@ Pipeline* Engine::ready(CUcontext ctx) {
   return p->state.load(std::memory_order_acquire) == Pipeline::Ready ? p : nullptr;
 }
 
-bool Engine::prepare_for(CUcontext ctx, Direction dir, size_t bytes, const Settings& st) {
-  if (pool_.forgotten() || !driver().ok) return false;
-  Pipeline* p = ready(ctx);
-  if (!p) return false;
-  // The slots the copy will use, as Engine::copy counts them.
-  const size_t chunk = chunk_of(st);
-  const size_t blocks = cut_transfer(dir, bytes, chunk, threads_of(st), env().test_piece).blocks;
-  const int slots = static_cast<int>(std::min<size_t>(buffers_of(st), blocks));
-  if (p->ready_slots.load(std::memory_order_acquire) >= slots + kSpareSlots &&
-      p->ready_chunk.load(std::memory_order_acquire) >= chunk) {
-    return true;  // nothing to make: no wait for a copy that holds the pipeline
-  }
-  std::lock_guard<std::mutex> held(p->busy);
-  ContextResources* res = nullptr;
-  return fit(p, ctx, slots, chunk, &res) > 0;
-}
-
-int Engine::fit(Pipeline* p, CUcontext ctx, int slots, size_t chunk, ContextResources** res, bool setup) {
+int Engine::fit(Pipeline* p, CUcontext ctx, int slots, size_t chunk, ContextResources** res) {
   if (!(*res = p->dma.for_context(ctx, slots + kSpareSlots))) return 0;
   // The spares stand in for slots a late lane may still touch (job.hpp).
-  const bool grows = p->ring.count() < slots + kSpareSlots || p->ring.slot_bytes() < chunk;
-  if (grows) {
-    const bool may_grow = setup || g_stream_transfers.load(std::memory_order_acquire) == 0;
-    if (!may_grow) {
-      log::debug_once(0x91b0, "a copy that needs more staging runs without it while stream-ordered transfers wait");
-    }
-    if (!may_grow || !p->ring.ensure(slots + kSpareSlots, chunk)) {  // fewer slots, or none
-      slots = std::min(slots, p->ring.count() - kSpareSlots);
-      if (slots < 1 || p->ring.slot_bytes() < chunk) return 0;
-    }
+  if (!p->ring.ensure(slots + kSpareSlots, chunk)) {  // fewer slots, or none
+    slots = std::min(slots, p->ring.count() - kSpareSlots);
+    if (slots < 1 || p->ring.slot_bytes() < chunk) return 0;
   }
-  p->note_ready(slots + kSpareSlots);
   return slots;
 }
 
@@ -200,7 +166,8 @@ int Engine::fit(Pipeline* p, CUcontext ctx, int slots, size_t chunk, ContextReso
 void Engine::lane(void* arg, int index) {
   Job& job = *static_cast<Job*>(arg);
   thread_local CUcontext current = nullptr;
-  if (index > 0 && current != job.res->ctx) {
+  // A job whose DMAs are queued on a stream already makes no driver call: no context either.
+  if (index > 0 && !job.words && current != job.res->ctx) {
     const bool first = current == nullptr;
     CUresult r = driver().cuCtxSetCurrent(job.res->ctx);
     if (r != CUDA_SUCCESS) {
@@ -329,12 +296,12 @@ CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming) {
   return g_engine->copy(req, ran_ns, warming);
 }
 
-void engine_stream_transfers(int delta) { g_stream_transfers.fetch_add(delta, std::memory_order_acq_rel); }
-
-bool engine_prepare(CUcontext ctx, Direction dir, size_t bytes, const Settings& settings) {
+bool engine_add_run(LanePool::Run* run) {
   std::call_once(g_engine_once, [] { g_engine = new Engine(); });
-  return g_engine->prepare_for(ctx, dir, bytes, settings);
+  return g_engine->add_run(run);
 }
+
+void engine_run_job(LanePool::Run& run, Job& job, int lanes) { g_engine->run_job(run, job, lanes); }
 
 std::string engine_dma_gpu_times() { return g_engine ? g_engine->dma_gpu_times() : std::string(); }
 

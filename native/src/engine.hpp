@@ -10,11 +10,13 @@
 #include <string>
 
 #include "cmt/cuda_types.hpp"
+#include "lane_pool.hpp"
 #include "types.hpp"
 
 namespace cmt {
 
 class HostEnd;
+struct Job;
 
 struct CopyRequest {
   Direction dir;
@@ -38,18 +40,11 @@ struct CopyRequest {
 // than without cmt); without it, the copy waits for the setup.
 CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns = nullptr, bool* warming = nullptr);
 
-// Readies ctx's pipeline for a copy of `bytes` in `dir` with `settings` (its setup done, staging
-// and events sized), in the calling thread: for a copy that will run where first-use setup must not
-// (stream_io.hpp's I/O thread, while the caller's stream waits on it). Returns at once when nothing
-// needs making, without waiting for a copy running on the pipeline. False if the engine cannot
-// take such copies.
-bool engine_prepare(CUcontext ctx, Direction dir, size_t bytes, const Settings& settings);
-
-// Stream-ordered transfers queued and not yet done (+1 when queued, -1 when done). While there are
-// any, a copy does not grow a pipeline's staging: it would pin memory while it holds the pipeline,
-// and on the real driver pinning can wait behind a kernel launch that itself waits for such a
-// transfer, which needs the pipeline. The copy takes the slots there are, or goes to the driver.
-void engine_stream_transfers(int delta);
+// For pipelines of their own (stream_pipeline.hpp): registers `run` with the engine's lane pool
+// (false when it takes no more, or in a forked child), and runs `job` on up to `lanes` of its lanes,
+// lane 0 in the calling thread, sharing the pool's budget with every other copy.
+bool engine_add_run(LanePool::Run* run);
+void engine_run_job(LanePool::Run& run, Job& job, int lanes);
 
 // With CMT_TRACE: the GPU's start and end of each DMA of the last copy, in µs from the copy's start
 // on the DMA stream, as JSON [[start, end], ...]; "" when not traced.

@@ -55,6 +55,14 @@ class IoFile {
   // numbers go to other files (mapped_copy.cpp keeps IoFiles open between copies).
   bool still(uint64_t dev, uint64_t ino, int64_t* size) const;
   bool regular() const { return regular_; }
+  // The end of the stream-ordered writes queued on it so far (stream_io.cpp cuts reads queued after
+  // them there, not at the size the file has yet).
+  void note_stream_write(uint64_t end) {
+    uint64_t seen = stream_write_end_.load(std::memory_order_relaxed);
+    while (seen < end && !stream_write_end_.compare_exchange_weak(seen, end, std::memory_order_relaxed)) {
+    }
+  }
+  uint64_t stream_write_end() const { return stream_write_end_.load(std::memory_order_relaxed); }
 
  private:
   static constexpr int kNotOpened = -2, kRefused = -1;
@@ -66,6 +74,7 @@ class IoFile {
   std::mutex open_mutex_;
   std::atomic<int> direct_fd_{kNotOpened};
   int refused_fd_ = -1;  // the O_DIRECT descriptor of a file that then refused it (under open_mutex_)
+  std::atomic<uint64_t> stream_write_end_{0};
 };
 
 // One copy's range of an IoFile: bytes [off, off + len) of the copy are the file's bytes

@@ -69,8 +69,9 @@ void fail_cuda(IoResult* res, CUresult r) {
   res->cu_result = r;
 }
 
-// What the file's end and the copy came to, into *res; false on failure (the file's error first).
-bool settle(const FileEnd& end, CUresult r, IoResult* res) {
+}  // namespace
+
+bool settle_transfer(const FileEnd& end, CUresult r, IoResult* res) {
   res->direct_bytes += static_cast<int64_t>(end.direct_bytes());
   res->buffered_bytes += static_cast<int64_t>(end.buffered_bytes());
   if (end.failed()) {
@@ -86,6 +87,8 @@ bool settle(const FileEnd& end, CUresult r, IoResult* res) {
   return true;
 }
 
+namespace {
+
 // One engine copy of [part_off, part_off + len) of the request; false with *res set on failure.
 bool copy_part(const Driver& d, const IoRequest& q, CUcontext ctx, CUstream stream, uint64_t part_off, size_t len,
                IoResult* res) {
@@ -95,7 +98,7 @@ bool copy_part(const Driver& d, const IoRequest& q, CUcontext ctx, CUstream stre
   if (r == CUDA_ERROR_NOT_READY && !end.failed()) r = copy_through_driver(d, q.dir, req.device, len, stream, end);
   // A file-to-device copy returns once its bytes are staged: the transfer is done once its DMAs are.
   if (r == CUDA_SUCCESS && q.dir == Direction::HtoD) r = d.cuStreamSynchronize(stream);
-  return settle(end, r, res);
+  return settle_transfer(end, r, res);
 }
 
 // Keeps the calling thread out of other threads' global-mode graph captures for the scope (as the
@@ -125,7 +128,7 @@ enum class Moved { Done, Failed, NoBuffer };
 Moved bounce_transfer(const Driver& d, const IoRequest& q, CUcontext ctx, uint64_t bytes, uint64_t head,
                       IoResult* res) {
   RelaxedCapture relaxed(d);
-  Bounce* b = bounce_take(ctx, q.may_set_up);
+  Bounce* b = bounce_take(ctx);
   if (!b) return Moved::NoBuffer;
   const size_t a = q.file->align();
   char* data = b->mem;
@@ -153,7 +156,7 @@ Moved bounce_transfer(const Driver& d, const IoRequest& q, CUcontext ctx, uint64
     if (r == CUDA_SUCCESS) file_side();
   }
   bounce_give(b);
-  return settle(end, r, res) ? Moved::Done : Moved::Failed;
+  return settle_transfer(end, r, res) ? Moved::Done : Moved::Failed;
 }
 
 struct DeviceRange {
@@ -198,20 +201,6 @@ CUcontext io_context_of(CUdeviceptr device) {
   DeviceRange range;
   if (!d.ok || !query_device(d, device, &range)) return nullptr;
   return range.ctx;
-}
-
-bool file_transfer_prepare(const IoRequest& q, CUcontext ctx) {
-  const Driver& d = driver(/*load_if_absent=*/true);
-  if (!d.ok || !ctx) return false;
-  ContextScope scope(d, ctx);
-  if (!scope.ok()) return false;
-  // A small transfer needs only a bounce buffer; a larger one the engine (as a small one does when
-  // its context can have no buffer).
-  if (q.bytes <= kSmallIoBytes) {
-    RelaxedCapture relaxed(d);
-    if (bounce_prepare(ctx)) return true;
-  }
-  return private_stream(d, ctx) && engine_prepare(ctx, q.dir, q.bytes, q.settings);
 }
 
 IoResult file_transfer(const IoRequest& q) {
@@ -272,18 +261,21 @@ IoResult file_transfer(const IoRequest& q) {
     res.done = static_cast<int64_t>(bytes);
     return res;
   }
-  // A failed write leaves nothing half-written that looks whole: the file goes back to the larger of
-  // its former size and the write's offset (bytes before the write are never cut: another write's),
-  // unless another write has meanwhile put bytes beyond this one's.
-  if (q.dir == Direction::DtoH && file.regular() && size_before >= 0) {
-    const int64_t target = std::max<int64_t>(size_before, static_cast<int64_t>(q.file_off));
-    const int64_t now = file.size();
-    if (now > target && static_cast<uint64_t>(now) <= q.file_off + q.bytes && ftruncate(file.fd(), target) != 0) {
-      log::write(log::Level::Warn, "a failed write could not be cut back to %lld bytes: %s",
-                 static_cast<long long>(target), strerror(errno));
-    }
-  }
+  if (q.dir == Direction::DtoH) cut_back_failed_write(q, size_before);
   return res;
+}
+
+void cut_back_failed_write(const IoRequest& q, int64_t size_before) {
+  // Back to the larger of its former size and the write's offset (bytes before the write are never
+  // cut: another write's), unless another write has meanwhile put bytes beyond this one's.
+  IoFile& file = *q.file;
+  if (!file.regular() || size_before < 0) return;
+  const int64_t target = std::max<int64_t>(size_before, static_cast<int64_t>(q.file_off));
+  const int64_t now = file.size();
+  if (now > target && static_cast<uint64_t>(now) <= q.file_off + q.bytes && ftruncate(file.fd(), target) != 0) {
+    log::write(log::Level::Warn, "a failed write could not be cut back to %lld bytes: %s",
+               static_cast<long long>(target), strerror(errno));
+  }
 }
 
 }  // namespace cmt

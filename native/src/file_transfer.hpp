@@ -1,5 +1,6 @@
 // One transfer between a file and device memory, synchronous: the storage path's core, which the
-// C API (io_api.cpp) calls directly and the stream-ordered API (stream_io.hpp) from its thread.
+// C API (io_api.cpp) calls. (The stream-ordered API runs its transfers on pipelines of its own,
+// stream_pipeline.hpp.)
 //
 // A transfer larger than kSmallIoBytes is an engine copy whose host end is the file (file_end.hpp):
 // the engine's lanes, staging ring, DMA stream and CPU budget, as for a memory copy. A smaller one
@@ -62,20 +63,17 @@ struct IoRequest {
   // buffer that a kernel on it is still writing is not read too early. The stream-ordered API does
   // not (its order is the caller's stream's).
   bool wait_legacy = true;
-  // False in the stream-ordered I/O thread: no pinned memory or streams may be made there (they
-  // deadlocked on the real driver); file_transfer_prepare made what the transfer needs beforehand.
-  bool may_set_up = true;
 };
 
 IoResult file_transfer(const IoRequest& req);
 
-// Does, in the calling thread, the first-use setup that file_transfer(req) would need (a small
-// transfer's first bounce buffer; else the context's private stream, the engine's pipeline and
-// staging for req.settings). The
-// stream-ordered API calls it before it queues a transfer: on the real driver, creating a stream in
-// the I/O thread while the caller's thread launches work onto the waiting stream deadlocked
-// (docs/storage.md). False if the engine cannot take it (the transfer then goes through the driver).
-bool file_transfer_prepare(const IoRequest& req, CUcontext ctx);
+// A failed write leaves nothing half-written that looks whole: the file goes back to the size it had
+// before (size_before, as IoFile::size() said then), if the write grew it.
+void cut_back_failed_write(const IoRequest& q, int64_t size_before);
+
+// What a transfer's file end and its copy (r) came to, into *res; false on failure (the file's
+// error first).
+bool settle_transfer(const FileEnd& end, CUresult r, IoResult* res);
 
 // Settings for files: every usable CPU up to 16 (lanes wait on the disk as much as they copy), 8
 // buffers of 8 MiB (the engine's pieces are then 4 KiB multiples, so aligned for O_DIRECT).

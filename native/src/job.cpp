@@ -77,6 +77,7 @@ void Job::fail(CUresult r) {
 // Whether DMA `use` of slot s is finished, asking the driver if nobody knows yet (a lane that took
 // on the wait in the driver may itself be descheduled).
 bool Job::slot_ready(int s, long use) {
+  if (words) return gpu_done(s, use);
   Slot& sl = (*ring)[s];
   long known = sl.known_done.load(std::memory_order_acquire);
   if (known >= use) return true;
@@ -90,6 +91,16 @@ bool Job::slot_ready(int s, long use) {
 // Waits until DMA `use` of slot s has finished. One lane waits in the driver; the others watch
 // known_done (many threads waiting on one event in the driver at once were measured to be slow).
 bool Job::wait_done(int s, long use) {
+  if (words) {  // the stream's DMA: a few µs to a block's transfer time; sleeps after a while
+    Backoff backoff;
+    const uint64_t start = monotonic_ns();
+    while (!gpu_done(s, use)) {
+      if (failed()) return false;
+      if (monotonic_ns() - start > kMinStallNs) std::this_thread::sleep_for(std::chrono::microseconds(20));
+      else backoff.pause();
+    }
+    return true;
+  }
   Slot& sl = (*ring)[s];
   if (sl.known_done.load(std::memory_order_acquire) >= use) return true;
   long claimed = sl.sync_claimed.load(std::memory_order_relaxed);
@@ -130,6 +141,11 @@ bool Job::wait_done(int s, long use) {
 
 CUresult Job::queue_dma(size_t b, int s) {
   Slot& sl = (*ring)[s];
+  if (words) {  // the DMA waits on the stream for this word
+    const long use = sl.uses.fetch_add(1, std::memory_order_acq_rel) + 1;
+    __atomic_store_n(&words->host[s], words->base[s] + static_cast<uint32_t>(use), __ATOMIC_RELEASE);
+    return CUDA_SUCCESS;
+  }
   CUresult r = dma->queue(res, plan.dir, device + plan.block_off[b], staging(b, s), plan.block_len(b), sl, s, b);
   if (r == CUDA_SUCCESS) {
     sl.last_block.store(static_cast<long>(b), std::memory_order_relaxed);
@@ -246,6 +262,7 @@ bool Job::do_piece(size_t p, size_t b, int s, bool own, int lane) {
 // Takes over a piece of `block` (kNoPiece: of any block) that another lane claimed a while ago and
 // has not finished; its slot stays quarantined until that lane has left it. True if it did one.
 bool Job::take_over(size_t block, int lane) {
+  if (words) return false;  // the stream's DMAs name their slots already
   const uint64_t now = monotonic_ns();
   for (int l = 0; l < kMaxThreads; ++l) {
     if (l == lane) continue;

@@ -13,6 +13,12 @@
 // bytes; so the slot is quarantined until the late lane has left, and a spare slot carries the
 // blocks that would have reused it. The copy returns only when every lane has left the host's
 // memory (lane_pool.hpp).
+//
+// A stream-ordered file transfer (stream_pipeline.hpp) runs the same job with its DMAs already
+// queued on the caller's stream, each gated by a word in pinned memory: the job then makes no driver
+// call. Queuing a DMA becomes setting the slot's host word; a DMA is known finished once the word
+// the stream writes after it says so. No piece is taken over there: the DMAs' slots were fixed when
+// they were queued, so a slot cannot be set aside.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -26,6 +32,15 @@
 
 namespace cmt {
 
+// The words that gate a slot's DMAs on a stream (both count the slot's DMAs, from `base`): `host[s]`
+// is set by the lanes (h2d: the slot holds its next block; d2h: it may take its next block), and
+// `gpu[s]` by the stream after each DMA of slot s.
+struct SlotWords {
+  uint32_t* host = nullptr;
+  const uint32_t* gpu = nullptr;
+  uint32_t base[kMaxSlots] = {};
+};
+
 struct Job {
   TransferPlan plan;
   int slots = 0;    // chains of blocks: block b follows block b - slots into the same slot
@@ -36,6 +51,7 @@ struct Job {
   StagingRing* ring = nullptr;
   DmaStreams* dma = nullptr;
   ContextResources* res = nullptr;
+  SlotWords* words = nullptr;  // set: the DMAs are queued on a stream already, gated by these words
   std::atomic<size_t> next{0};
   std::atomic<CUresult> error{CUDA_SUCCESS};
 
@@ -47,6 +63,11 @@ struct Job {
   void run_lane(int lane);
   // Device-to-host: queues the first round of DMAs, one per slot, before any lane starts.
   CUresult queue_first_round();
+  // With `words`: whether the stream has done DMA `use` of slot s (use counts from 1 within the job).
+  bool gpu_done(int s, long use) const {
+    return static_cast<int32_t>(__atomic_load_n(&words->gpu[s], __ATOMIC_ACQUIRE) -
+                                (words->base[s] + static_cast<uint32_t>(use))) >= 0;
+  }
   // The bytes that may still wait for the copy engine when a host-to-device copy's lanes are done:
   // the last ring's blocks.
   size_t last_ring_bytes() const { return plan.bytes - plan.block_off[plan.blocks - static_cast<size_t>(slots)]; }

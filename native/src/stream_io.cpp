@@ -1,32 +1,24 @@
 #include "stream_io.hpp"
 
-#include <unistd.h>
-
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 #include "driver.hpp"
-#include "engine.hpp"
 #include "log.hpp"
+#include "stream_pipeline.hpp"
 
 namespace cmt {
 
-class IoWorker;
-
-struct StreamOp {
-  IoRequest req;
-  IoWorker* worker = nullptr;
-  std::atomic<int> refs{2};  // the caller's and the I/O thread's; one more for a blocking host function
+struct StreamOp : PipelineTransfer {
+  std::atomic<int> refs{1};  // the caller's; one more while its pipeline has it
   std::mutex mutex;
   std::condition_variable done_cv;
-  bool finished = false;
+  bool done = false;
   IoResult result;
-  uint32_t* word = nullptr;  // the pinned word the stream waits on, and the value that releases it
+  uint32_t* word = nullptr;  // device to file: the word the stream waits on, and the value that releases it
   uint32_t target = 0;
 };
 
@@ -83,93 +75,30 @@ class FlagWords {
 };
 
 FlagWords g_words;
-std::atomic<bool> g_no_wait_value{false};  // the device refused a wait on memory once
+std::atomic<bool> g_no_stream_memops{false};  // the driver refused a wait or write on memory once
 
-void finish(StreamOp* op, const IoResult& r) {
+void set_result(StreamOp* op, const IoResult& r) {
   {
     std::lock_guard<std::mutex> lock(op->mutex);
     op->result = r;
-    op->finished = true;
+    op->done = true;
   }
   op->done_cv.notify_all();
+}
+
+// The pipeline's thread, once the transfer and its DMAs are done.
+void on_finished(PipelineTransfer* t, const IoResult& r) {
+  auto* op = static_cast<StreamOp*>(t);
+  set_result(op, r);
   // The result is written before the stream may go on: whoever synchronises it then reads it whole.
   if (op->word) {
     __atomic_store_n(op->word, op->target, __ATOMIC_RELEASE);
     g_words.give(op->word);
   }
-  engine_stream_transfers(-1);
   release(op);
 }
 
-}  // namespace
-
-// The thread that runs the stream-ordered transfers of one context, in the order their streams
-// reach them: one for small transfers (kSmallIoBytes), one for the rest, so that a small one on one
-// stream does not wait behind a bulk one on another. Never destroyed (host functions may still name it).
-class IoWorker {
- public:
-  IoWorker(CUcontext ctx, bool small) : ctx_(ctx), pid_(getpid()), small_(small) {
-    std::thread([this] { run(); }).detach();
-  }
-  CUcontext ctx() const { return ctx_; }
-  bool small() const { return small_; }
-  pid_t pid() const { return pid_; }
-  // Called from a host function: no CUDA here.
-  void push(StreamOp* op) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      queue_.push_back(op);
-    }
-    cv_.notify_one();
-  }
-
- private:
-  void run() {
-    driver().cuCtxSetCurrent(ctx_);
-    for (;;) {
-      StreamOp* op;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        cv_.wait(lock, [this] { return !queue_.empty(); });
-        op = queue_.front();
-        queue_.pop_front();
-      }
-      finish(op, file_transfer(op->req));
-    }
-  }
-
-  CUcontext ctx_;
-  pid_t pid_;
-  bool small_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<StreamOp*> queue_;
-};
-
-namespace {
-
-IoWorker* worker_for(CUcontext ctx, bool small) {
-  static std::mutex mutex;
-  static std::vector<IoWorker*> workers;
-  std::lock_guard<std::mutex> lock(mutex);
-  for (IoWorker* w : workers) {
-    // a forked child has none of the parent's threads
-    if (w->ctx() == ctx && w->small() == small && w->pid() == getpid()) return w;
-  }
-  workers.push_back(new IoWorker(ctx, small));
-  return workers.back();
-}
-
-void on_reached(void* arg) {
-  auto* op = static_cast<StreamOp*>(arg);
-  op->worker->push(op);
-}
-
-void block_until_done(void* arg) {
-  auto* op = static_cast<StreamOp*>(arg);
-  stream_io_wait(op, -1);
-  release(op);
-}
+void on_reached(void* arg) { stream_pipeline_reached(static_cast<StreamOp*>(arg)); }
 
 IoResult failure(int32_t status, CUresult r) {
   IoResult res;
@@ -178,12 +107,21 @@ IoResult failure(int32_t status, CUresult r) {
   return res;
 }
 
+// Where the stream cannot be made to wait: waits for it here, then transfers synchronously.
+StreamOp* run_in_order(StreamOp* op, CUstream stream) {
+  log::debug_once(0x904, "stream-ordered transfers cannot be queued on this device (waits on memory, a "
+                         "pipeline): the call waits for its stream and transfers before it returns");
+  const CUresult r = driver().cuStreamSynchronize(stream);
+  set_result(op, r == CUDA_SUCCESS ? file_transfer(op->req) : failure(kIoCudaError, r));
+  return op;
+}
+
 }  // namespace
 
 StreamOp* stream_io_submit(const IoRequest& req, CUstream stream, IoResult* failed) {
   const Driver& d = driver(/*load_if_absent=*/true);
-  if (!d.ok || !d.cuLaunchHostFunc) {
-    *failed = failure(kIoCudaError, CUDA_ERROR_NOT_SUPPORTED);
+  if (!d.ok) {
+    *failed = failure(kIoCudaError, CUDA_ERROR_NOT_INITIALIZED);
     return nullptr;
   }
   CUcontext ctx = io_context_of(req.device);
@@ -201,64 +139,66 @@ StreamOp* stream_io_submit(const IoRequest& req, CUstream stream, IoResult* fail
     *failed = failure(kIoBadRequest, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     return nullptr;
   }
-  // Everything the transfer will need is made here: made in the I/O thread, it deadlocked.
-  if (!file_transfer_prepare(req, ctx)) {
-    log::debug_once(0x905, "a stream-ordered transfer found no staging pipeline: it goes through the driver");
-  }
   auto* op = new StreamOp;
   op->req = req;
   op->req.wait_legacy = false;  // the stream orders it
-  op->req.may_set_up = false;   // what it needs was made above, by file_transfer_prepare
-  op->worker = worker_for(ctx, req.bytes <= kSmallIoBytes);
-  CUdeviceptr flag = 0;
-  const bool wait_value = d.cuStreamWaitValue32 && d.cuMemHostGetDevicePointer && !g_no_wait_value.load();
-  if (wait_value && g_words.take(d, &op->word, &op->target) &&
-      d.cuMemHostGetDevicePointer(&flag, op->word, 0) != CUDA_SUCCESS) {
-    g_words.give(op->word);
-    op->word = nullptr;
-  }
   req.file->retain();
-  engine_stream_transfers(+1);
-  if (CUresult r = d.cuLaunchHostFunc(stream, on_reached, op); r != CUDA_SUCCESS) {
-    engine_stream_transfers(-1);
+  IoFile& file = *req.file;
+  // The DMAs are queued now, so a read is cut at the end of the file as it will be once the
+  // stream-ordered writes queued before it are done.
+  if (req.dir == Direction::HtoD && file.size() >= 0) {
+    const uint64_t end = std::max<uint64_t>(static_cast<uint64_t>(file.size()), file.stream_write_end());
+    op->req.bytes = req.file_off >= end ? 0 : std::min<uint64_t>(req.bytes, end - req.file_off);
+  } else if (req.dir == Direction::DtoH) {
+    file.note_stream_write(req.file_off + req.bytes);
+  }
+  if (op->req.bytes == 0) {
+    set_result(op, IoResult{});
+    return op;
+  }
+  if (g_no_stream_memops.load() || !stream_pipelines_usable()) return run_in_order(op, stream);
+  // Device to file: the stream's later work waits until the file has the bytes.
+  CUdeviceptr flag = 0;
+  if (req.dir == Direction::DtoH &&
+      (!g_words.take(d, &op->word, &op->target) || d.cuMemHostGetDevicePointer(&flag, op->word, 0) != CUDA_SUCCESS)) {
     if (op->word) g_words.give(op->word);
-    req.file->release();
-    delete op;
+    op->word = nullptr;
+    return run_in_order(op, stream);
+  }
+  op->finished = on_finished;
+  op->refs.fetch_add(1, std::memory_order_relaxed);  // the pipeline's
+  const CUresult r = stream_pipeline_queue(ctx, op, stream, on_reached, op);
+  if (r != CUDA_SUCCESS) {
+    op->refs.fetch_sub(1, std::memory_order_relaxed);
+    if (op->word) g_words.give(op->word);
+    op->word = nullptr;
+    if (r == CUDA_ERROR_NOT_SUPPORTED) g_no_stream_memops.store(true);
+    if (r == CUDA_ERROR_NOT_READY || r == CUDA_ERROR_NOT_SUPPORTED) return run_in_order(op, stream);
+    release(op);
     *failed = failure(kIoCudaError, r);
     return nullptr;
   }
-  // From here on the transfer runs when the stream reaches it; what is left is holding the stream's
-  // later work back until it is done.
-  bool ordered = false;
+  if (op->queue_error == CUDA_ERROR_NOT_SUPPORTED) g_no_stream_memops.store(true);
   if (op->word) {
-    const CUresult r = d.cuStreamWaitValue32(stream, flag, op->target, kStreamWaitValueGeq);
-    ordered = r == CUDA_SUCCESS;
-    if (r == CUDA_ERROR_NOT_SUPPORTED) g_no_wait_value.store(true);
+    const CUresult w = d.cuStreamWaitValue32(stream, flag, op->target, kStreamWaitValueGeq);
+    if (w == CUDA_ERROR_NOT_SUPPORTED) g_no_stream_memops.store(true);
+    if (w != CUDA_SUCCESS) stream_io_wait(op, -1);  // nothing holds the stream's later work back: this does
   }
-  if (!ordered) {
-    log::debug_once(0x904, "the device cannot wait on memory: a stream-ordered transfer blocks its stream "
-                           "with a host function until it is done");
-    op->refs.fetch_add(1, std::memory_order_relaxed);
-    ordered = d.cuLaunchHostFunc(stream, block_until_done, op) == CUDA_SUCCESS;
-    if (!ordered) op->refs.fetch_sub(1, std::memory_order_relaxed);
-  }
-  // Nothing can hold the stream's later work back: waiting here orders it as well.
-  if (!ordered) stream_io_wait(op, -1);
   return op;
 }
 
 bool stream_io_wait(StreamOp* op, int64_t timeout_us) {
   std::unique_lock<std::mutex> lock(op->mutex);
   if (timeout_us < 0) {
-    op->done_cv.wait(lock, [op] { return op->finished; });
+    op->done_cv.wait(lock, [op] { return op->done; });
     return true;
   }
-  return op->done_cv.wait_for(lock, std::chrono::microseconds(timeout_us), [op] { return op->finished; });
+  return op->done_cv.wait_for(lock, std::chrono::microseconds(timeout_us), [op] { return op->done; });
 }
 
 IoResult stream_io_result(StreamOp* op) {
   std::lock_guard<std::mutex> lock(op->mutex);
-  if (!op->finished) return failure(kIoPending, CUDA_SUCCESS);
+  if (!op->done) return failure(kIoPending, CUDA_SUCCESS);
   return op->result;
 }
 

@@ -207,6 +207,7 @@ SIGNATURES: dict[str, tuple] = {
     "fakecuda_call_count": (c_char_p,),
     "fakecuda_reset_counts": (),
     "fakecuda_enqueue_delayed_write": (CUstream, CUdeviceptr, c_ubyte, c_size_t, c_uint),
+    "fakecuda_launch_loading": (c_uint,),
     "fakecuda_live_streams": (),
     "fakecuda_peek": (c_void_p, CUdeviceptr, c_size_t),
     "fakecuda_poke": (CUdeviceptr, c_void_p, c_size_t),
@@ -526,6 +527,11 @@ class Driver:
 
     def reset_counts(self) -> None:
         self.fn("fakecuda_reset_counts")()
+
+    def launch_loading(self, timeout_ms: int) -> int:
+        """A kernel launch that loads its module lazily: holds every other thread's driver calls until
+        all streams have drained. Returns the result (CUDA_ERROR_LAUNCH_TIMEOUT: a hang on a real driver)."""
+        return self.call("fakecuda_launch_loading", timeout_ms)
 
     def delayed_write(self, s: int | None, dptr: int, value: int, n: int, delay_us: int) -> None:
         """A fake "kernel" on stream s: sleep delay_us, then memset n bytes at dptr to value."""

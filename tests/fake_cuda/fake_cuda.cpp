@@ -121,6 +121,7 @@
   X(cuLaunchHostFunc)                   \
   X(cuLaunchHostFunc_ptsz)              \
   X(cuStreamWaitValue32_v2)             \
+  X(cuStreamWriteValue32_v2)            \
   X(cuStreamBeginCapture_v2)            \
   X(cuStreamBeginCapture_v2_ptsz)       \
   X(cuStreamEndCapture)                 \
@@ -172,16 +173,23 @@ const char* const kNames[] = {
 };
 
 std::atomic<unsigned long long> g_counts[IDX_COUNT];
-#define COUNT(n) g_counts[IDX_##n].fetch_add(1, std::memory_order_relaxed)
+#define COUNT(n) (driver_gate(), g_counts[IDX_##n].fetch_add(1, std::memory_order_relaxed))
 
-// The real driver takes a context-wide lock to create a stream or to pin or unpin memory; a kernel
-// launched meanwhile onto a stream that waits on memory holds it, so such a call made by whoever is
-// to release the wait deadlocks (seen on the H100/H200 driver). Here those calls are counted while a
-// stream waits on memory: fakecuda_call_count("setup_while_waiting").
-std::atomic<int> g_waits_polling{0};
-std::atomic<unsigned long long> g_setup_while_waiting{0};
-void note_setup_call() {
-  if (g_waits_polling.load(std::memory_order_acquire) > 0) g_setup_while_waiting.fetch_add(1);
+// The real driver can hold a lock while it waits for every stream of the context: a kernel launch
+// that loads its module lazily does, and other threads' driver calls then wait for it. A stream
+// that waits on memory which cmt's own threads release, after driver calls of theirs, then never
+// moves again (seen on the H100/H200 driver). fakecuda_launch_loading() is such a launch: while it
+// waits, every driver call from another thread waits with it.
+std::atomic<unsigned long long> g_loading_thread{0};  // the tid of the launch in progress, 0 if none
+thread_local unsigned long long t_gate_tid = 0;
+std::atomic<unsigned long long> g_gate_tids{1};
+void driver_gate() {
+  if (g_loading_thread.load(std::memory_order_acquire) == 0) return;
+  if (!t_gate_tid) t_gate_tid = g_gate_tids.fetch_add(1);
+  while (g_loading_thread.load(std::memory_order_acquire) != 0 &&
+         g_loading_thread.load(std::memory_order_acquire) != t_gate_tid) {
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
 }
 
 using Clock = std::chrono::steady_clock;
@@ -1007,10 +1015,6 @@ CUresult wait_value32(CUstream h, CUdeviceptr addr, uint32_t value, unsigned fla
   return enqueue(
       s,
       [word, value, cond, keep] {
-        g_waits_polling.fetch_add(1, std::memory_order_acq_rel);
-        struct Done {
-          ~Done() { g_waits_polling.fetch_sub(1, std::memory_order_acq_rel); }
-        } done;
         for (;;) {
           const uint32_t v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
           const bool met = cond == 0   ? static_cast<int32_t>(v - value) >= 0  // GEQ, cyclic
@@ -1022,6 +1026,24 @@ CUresult wait_value32(CUstream h, CUdeviceptr addr, uint32_t value, unsigned fla
         }
       },
       {}, true, nullptr);
+}
+
+// cuStreamWriteValue32_v2: once the stream's earlier work is done, the 32-bit word at addr (pinned,
+// registered or device memory) is set to value.
+CUresult write_value32(CUstream h, CUdeviceptr addr, uint32_t value, unsigned flags) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (G().no_stream_memops) return CUDA_ERROR_NOT_SUPPORTED;
+  SP s;
+  CUresult rc = resolve_stream(h, false, s);
+  if (rc) return rc;
+  Resolved r;
+  if ((rc = resolve_ptr(addr, sizeof(uint32_t), r))) return rc;
+  if (r.kind == MKind::PAGEABLE || r.kind == MKind::MANAGED || addr % sizeof(uint32_t) || flags > 1) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  auto* word = reinterpret_cast<uint32_t*>(r.host);
+  AP keep = r.a;
+  return enqueue(s, [word, value, keep] { __atomic_store_n(word, value, __ATOMIC_RELEASE); }, {}, true, nullptr);
 }
 
 CUresult begin_capture(CUstream h, int mode, bool per_thread) {
@@ -1567,7 +1589,6 @@ FAKE_EXPORT CUresult cuMemsetD8Async_ptsz(CUdeviceptr d, unsigned char v, size_t
 
 FAKE_EXPORT CUresult cuMemHostAlloc(void** pp, size_t n, unsigned int flags) {
   COUNT(cuMemHostAlloc);
-  note_setup_call();
   (void)flags;
   Context* c;
   CUresult rc = need_ctx(&c);
@@ -1581,7 +1602,6 @@ FAKE_EXPORT CUresult cuMemHostAlloc(void** pp, size_t n, unsigned int flags) {
 
 FAKE_EXPORT CUresult cuMemAllocHost_v2(void** pp, size_t n) {
   COUNT(cuMemAllocHost_v2);
-  note_setup_call();
   Context* c;
   CUresult rc = need_ctx(&c);
   if (rc) return rc;
@@ -1591,7 +1611,6 @@ FAKE_EXPORT CUresult cuMemAllocHost_v2(void** pp, size_t n) {
 
 FAKE_EXPORT CUresult cuMemFreeHost(void* p) {
   COUNT(cuMemFreeHost);
-  note_setup_call();
   NEED_INIT();
   if (!p) return CUDA_SUCCESS;
   AP a = table_remove(reinterpret_cast<uintptr_t>(p), {MKind::PINNED});
@@ -1802,12 +1821,10 @@ CUresult stream_create(CUstream* ph, unsigned flags, int prio) {
 
 FAKE_EXPORT CUresult cuStreamCreate(CUstream* ph, unsigned int flags) {
   COUNT(cuStreamCreate);
-  note_setup_call();
   return stream_create(ph, flags, 0);
 }
 FAKE_EXPORT CUresult cuStreamCreateWithPriority(CUstream* ph, unsigned int flags, int prio) {
   COUNT(cuStreamCreateWithPriority);
-  note_setup_call();
   return stream_create(ph, flags, prio);
 }
 
@@ -1896,6 +1913,10 @@ FAKE_EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream h, void (*fn)(void*), void* 
 FAKE_EXPORT CUresult cuStreamWaitValue32_v2(CUstream h, CUdeviceptr addr, unsigned int value, unsigned int flags) {
   COUNT(cuStreamWaitValue32_v2);
   return wait_value32(h, addr, static_cast<uint32_t>(value), flags);
+}
+FAKE_EXPORT CUresult cuStreamWriteValue32_v2(CUstream h, CUdeviceptr addr, unsigned int value, unsigned int flags) {
+  COUNT(cuStreamWriteValue32_v2);
+  return write_value32(h, addr, static_cast<uint32_t>(value), flags);
 }
 FAKE_EXPORT CUresult cuStreamBeginCapture_v2(CUstream h, int mode) {
   COUNT(cuStreamBeginCapture_v2);
@@ -2076,6 +2097,7 @@ int min_version(const std::string& name, bool versioned) {
       {"cuEventElapsedTime_v2", 12080},
       {"cuStreamGetCtx_v2", 12050},
       {"cuStreamWaitValue32_v2", 11070},
+      {"cuStreamWriteValue32_v2", 11070},
   };
   auto it = ov.find(name);
   if (it != ov.end()) return it->second;
@@ -2172,7 +2194,6 @@ FAKE_EXPORT CUresult cuGetProcAddress_v2_ptsz(const char* sym, void** pfn, int v
 // =============================================================================================
 FAKE_EXPORT long long fakecuda_call_count(const char* name) {
   if (!name) return -1;
-  if (strcmp(name, "setup_while_waiting") == 0) return static_cast<long long>(g_setup_while_waiting.load());
   for (int i = 0; i < IDX_COUNT; ++i)
     if (strcmp(kNames[i], name) == 0) return static_cast<long long>(g_counts[i].load());
   return -1;
@@ -2180,7 +2201,46 @@ FAKE_EXPORT long long fakecuda_call_count(const char* name) {
 
 FAKE_EXPORT void fakecuda_reset_counts(void) {
   for (auto& c : g_counts) c.store(0);
-  g_setup_while_waiting.store(0);
+}
+
+// A kernel launch that loads its module lazily: it holds the driver (every other thread's driver
+// calls wait) until every stream of every context has drained. CUDA_ERROR_LAUNCH_TIMEOUT when they
+// have not after timeout_ms: on a real driver, a hang.
+FAKE_EXPORT CUresult fakecuda_launch_loading(unsigned int timeout_ms) {
+  if (!t_gate_tid) t_gate_tid = g_gate_tids.fetch_add(1);
+  unsigned long long none = 0;
+  while (!g_loading_thread.compare_exchange_weak(none, t_gate_tid)) {
+    none = 0;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  CUresult rc = static_cast<CUresult>(702);  // CUDA_ERROR_LAUNCH_TIMEOUT
+  while (Clock::now() < deadline) {
+    bool drained = true;
+    std::vector<SP> all;
+    std::vector<Context*> ctxs;
+    {
+      std::lock_guard<std::mutex> lk(G().reg_mu);
+      for (auto& kv : G().streams) all.push_back(kv.second);
+      ctxs.assign(G().contexts.begin(), G().contexts.end());
+    }
+    for (Context* c : ctxs) {
+      std::lock_guard<std::mutex> ck(c->mu);
+      if (c->legacy) all.push_back(c->legacy);
+      for (auto& kv : c->ptds) all.push_back(kv.second);
+    }
+    for (const SP& st : all) {
+      std::lock_guard<std::mutex> sl(st->m);
+      if (st->done_seq < st->enq_seq) drained = false;
+    }
+    if (drained) {
+      rc = CUDA_SUCCESS;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  g_loading_thread.store(0, std::memory_order_release);
+  return rc;
 }
 
 // A "kernel": an op on the stream (same ordering rules as copies) that sleeps, then memsets.

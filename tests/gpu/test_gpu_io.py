@@ -82,19 +82,23 @@ def test_stream_ordered_read_and_write_follow_their_streams_kernels(tmp_path):
             f.write(ref)
         s = torch.cuda.Stream()
         dst = torch.zeros(size, dtype=torch.uint8, device='cuda')
+        returned_us = []
         with cmt.io.open('data.bin', 'r') as f:
-            with torch.cuda.stream(s):
-                torch.cuda._sleep(200_000_000)           # the stream is busy: the read must wait for it
-                dst.fill_(7)
-                t0 = time.perf_counter()
-                fut = f.read_async(dst, s)
-                returned_us = (time.perf_counter() - t0) * 1e6
-                same = torch.equal(dst, ref)             # queued after the read on the same stream
-            s.synchronize()
-            assert fut.check_bytes_done(timeout=60) == size
-            assert same, 'a kernel after read_async did not see the file'
-        print(f'read_async returned in {returned_us:.0f} us')
-        assert returned_us < 20_000, returned_us
+            for _ in range(2):  # the first makes the stream-ordered pipeline (pins its staging)
+                with torch.cuda.stream(s):
+                    torch.cuda._sleep(200_000_000)       # the stream is busy: the read must wait for it
+                    dst.fill_(7)
+                    t0 = time.perf_counter()
+                    fut = f.read_async(dst, s)
+                    returned_us.append((time.perf_counter() - t0) * 1e6)
+                    # queued after the read on the same stream; its module loads lazily on first use,
+                    # which holds the driver until the stream drains (a hang if the read needed it)
+                    same = torch.equal(dst, ref)
+                s.synchronize()
+                assert fut.check_bytes_done(timeout=60) == size
+                assert same, 'a kernel after read_async did not see the file'
+        print(f'read_async returned in {returned_us[0]:.0f} us, then {returned_us[1]:.0f} us')
+        assert returned_us[0] < 100_000 and returned_us[1] < 5_000, returned_us
         # a write queued after a kernel writes what the kernel made
         out = torch.empty(64 << 20, dtype=torch.uint8, device='cuda')
         with cmt.io.open('out.bin', 'w') as f:
@@ -113,8 +117,8 @@ def test_stream_ordered_read_and_write_follow_their_streams_kernels(tmp_path):
 
 def test_small_transfers_many_at_once_and_stream_ordered_on_a_busy_stream(tmp_path):
     # Transfers of up to 1 MiB go through bounce buffers, not the engine. The process's first one is
-    # stream-ordered on a stream that a kernel keeps busy: its bounce buffer and stream are made when
-    # it is queued, not in the I/O thread (where making them deadlocked behind the waiting stream).
+    # stream-ordered on a stream that a kernel keeps busy: its pipeline is made, and its DMAs queued,
+    # in the calling thread (a driver call in another thread deadlocked behind the waiting stream).
     out = run_python("""
         size = 64 << 20
         ref = torch.randint(0, 256, (size,), dtype=torch.uint8, device='cuda')
