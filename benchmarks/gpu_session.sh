@@ -10,7 +10,8 @@
 #            `install load` fits one call, not beside other modes)     (-> load.json, load.png)
 #   doctor   cmt doctor --path . (text and JSON)                      (-> doctor.txt, doctor.json)
 #   io       cmt bench io in a scratch folder, 4 GiB: warm and cold reads, writes, the batch, the
-#            disk's O_DIRECT limit, one and 16 threads, against KvikIO where carried (-> io.json, io.png)
+#            disk's O_DIRECT limit, one and 16 threads, against KvikIO where carried; IO_ARGS replaces
+#            the threads, sizes and types (-> io.json, io.png)
 #   ioacc    benchmarks/io_acceptance.py: read_async's return time on a busy stream, first-use setup
 #                                                                      (-> io-acceptance.json)
 #   streamcheck  research/stream_io_hang.py: read_async on a busy stream, once and in a loop, 1 GiB; a
@@ -42,7 +43,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 modes=()
 for m in "$@"; do if [ "$m" = all ]; then modes+=(install tests core copy); else modes+=("$m"); fi; done
-[ ${#modes[@]} -gt 0 ] || { sed -n '2,32p' "$0"; exit 2; }
+[ ${#modes[@]} -gt 0 ] || { sed -n '2,33p' "$0"; exit 2; }
 status=0
 for mode in "${modes[@]}"; do
   echo "== $mode $(date -u +%T)"
@@ -57,8 +58,8 @@ for mode in "${modes[@]}"; do
     load) COLUMNS=150 timeout 480 python3 -m cmt bench load --out "$OUT" 2>&1 | tail -100 ;;
     doctor) COLUMNS=150 python3 -m cmt doctor --path . > "$OUT/doctor.txt" 2>&1; cat "$OUT/doctor.txt"
             python3 -m cmt doctor --path . --json > "$OUT/doctor.json" 2>&1; true ;;
-    io) mkdir -p /tmp/cmt-io && COLUMNS=150 timeout ${IO_TIMEOUT:-480} python3 -m cmt bench io -D /tmp/cmt-io -w 1,16 \
-          -i all -x cpu-gpu,cpu-pinned-gpu,cmt,kvikio --out "$OUT" 2>&1 | tail -80 ;;
+    io) mkdir -p /tmp/cmt-io && COLUMNS=150 timeout ${IO_TIMEOUT:-480} python3 -m cmt bench io -D /tmp/cmt-io \
+          ${IO_ARGS:--w 1,16 -i all -x cpu-gpu,cpu-pinned-gpu,cmt,kvikio} --out "$OUT" 2>&1 | tail -80 ;;
     ioacc) mkdir -p /tmp/cmt-io && timeout 200 python3 benchmarks/io_acceptance.py --dir /tmp/cmt-io \
              --out "$OUT/io-acceptance.json" 2>&1 | tail -20 ;;
     streamcheck) mkdir -p /tmp/cmt-hang && HANG_MB=1024 timeout 200 python3 research/stream_io_hang.py /tmp/cmt-hang \

@@ -40,6 +40,16 @@ PRELUDE = textwrap.dedent('''
             drv.poke(d, data)
         return d
 
+    def transfer_setup(path, n, seed, direction):
+        """A file and a device buffer for a transfer of n bytes: the file holds the bytes (a read) or
+        the buffer does (a write, to an empty file); and a stream. Returns (bytes, buffer, stream)."""
+        data = pattern(n, seed)
+        make_file(path, data if direction == "read" else b"")
+        d = drv.mem_alloc(n)
+        if direction == "write":
+            drv.poke(d, data)
+        return data, d, drv.stream_create()
+
     def counted(fn):
         """fn()'s result and the storage counters it moved."""
         before = cmt.io.counters()

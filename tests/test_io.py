@@ -336,3 +336,22 @@ def test_default_settings_suit_files_and_can_be_overridden(run_python, tmp_path)
                 assert word in str(e), e
         assert os.path.getsize(path) == 3 * MiB  # the bad settings were refused before 'w' truncated it
     ''')
+
+
+def test_a_first_transfer_pins_staging_for_its_own_settings_not_the_copy_plans_largest(run_python, tmp_path):
+    # The copy plan's largest rule (16 buffers of 8 MiB, plus two spares) is what a program's copies
+    # need under `cmt run`; a cmt.io transfer follows its own settings, and its process's first
+    # transfer waits for the setup: pinning 144 MiB would be most of it (issue 19's setup criterion).
+    plan = "h2d:1=threads:2,buffers:16,chunk_bytes:8388608;d2h:1=threads:2,buffers:16,chunk_bytes:8388608"
+    run_scenario(run_python, f'''
+        path = os.path.join({str(tmp_path)!r}, "f.bin")
+        data = pattern(16 * MiB + 5, 15)
+        make_file(path, data)
+        d = drv.mem_alloc(len(data))
+        with cmt.io.open(path, settings={{"buffers": 3, "chunk_bytes": 2 * MiB}}) as f:
+            before = drv.call_count("cuMemHostAlloc")
+            assert f.read((d, len(data))) == len(data)
+            pinned = drv.call_count("cuMemHostAlloc") - before
+        assert drv.peek(d, len(data)) == data
+        assert pinned == 3 + 2, pinned  # its three buffers and the two spares (job.hpp)
+    ''', CMT_PLAN=plan)

@@ -27,7 +27,27 @@ typedef CUresult (*PFN_cuCtxSynchronize)(void);
 typedef CUresult (*PFN_cuStreamWaitValue32_v2)(CUstream, CUdeviceptr, unsigned int, unsigned int);
 typedef CUresult (*PFN_cuStreamWriteValue32_v2)(CUstream, CUdeviceptr, unsigned int, unsigned int);
 typedef CUresult (*PFN_cuMemHostGetDevicePointer_v2)(CUdeviceptr*, void*, unsigned int);
+// CUstreamBatchMemOpParams: one operation of cuStreamBatchMemOp, a 48-byte union tagged by its first
+// field. cmt uses only 32-bit waits and writes, whose fields are laid out alike.
+union StreamMemOp {
+  unsigned int operation;
+  struct {
+    unsigned int operation;
+    CUdeviceptr address;
+    union {
+      uint32_t value;
+      uint64_t value64;
+    };
+    unsigned int flags;
+    CUdeviceptr alias;
+  } value;
+  uint64_t pad[6];
+};
+typedef CUresult (*PFN_cuStreamBatchMemOp_v2)(CUstream, unsigned int, StreamMemOp*, unsigned int);
 }
+static_assert(sizeof(StreamMemOp) == 48, "cuda.h's CUstreamBatchMemOpParams");
+constexpr unsigned int kMemOpWaitValue32 = 1;   // CU_STREAM_MEM_OP_WAIT_VALUE_32
+constexpr unsigned int kMemOpWriteValue32 = 2;  // CU_STREAM_MEM_OP_WRITE_VALUE_32
 constexpr unsigned int kMemHostAllocDeviceMap = 0x2;  // CU_MEMHOSTALLOC_DEVICEMAP
 constexpr unsigned int kStreamWaitValueGeq = 0x0;     // CU_STREAM_WAIT_VALUE_GEQ: (int32)(*addr - value) >= 0
 
@@ -63,6 +83,7 @@ struct Driver {
   PFN_cuLaunchHostFunc cuLaunchHostFunc = nullptr;
   PFN_cuStreamWaitValue32_v2 cuStreamWaitValue32 = nullptr;
   PFN_cuStreamWriteValue32_v2 cuStreamWriteValue32 = nullptr;
+  PFN_cuStreamBatchMemOp_v2 cuStreamBatchMemOp = nullptr;
   PFN_cuMemHostGetDevicePointer_v2 cuMemHostGetDevicePointer = nullptr;
   // Optional: settling a context after a failed copy from a mapped file (mapped_copy.cpp).
   PFN_cuCtxSynchronize cuCtxSynchronize = nullptr;

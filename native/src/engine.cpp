@@ -54,6 +54,11 @@ struct Pipeline {
   enum State { Preparing, Ready, Failed };
   CUcontext ctx = nullptr;
   std::atomic<int> state{Preparing};  // set once by the setup thread (Engine::prepare)
+  // What the setup sizes the ring and workers for: the largest rule in force, or the settings of the
+  // copy that made the pipeline (CopyRequest::setup_for_these: a cmt.io transfer, which waits for
+  // the setup). Pinning costs milliseconds per 16 MiB; the H200 plan's largest asks for 144 MiB.
+  bool for_first = false;
+  Settings first;
   std::mutex setup_mutex;
   std::condition_variable setup_done;
   std::mutex busy;  // held by the copy running on it
@@ -80,13 +85,15 @@ class Engine {
   static void lane(void* job, int index);
   // The context's pipeline, made on first use with its setup started in the background; nullptr if
   // the pool can take no more.
-  Pipeline* find(CUcontext ctx);
+  // `first`: what the setup is for, if not the plan (Pipeline::for_first).
+  Pipeline* find(CUcontext ctx, const Settings* first = nullptr);
   // find(), then waits for the setup; nullptr if it failed.
   Pipeline* ready(CUcontext ctx);
   // Under p->busy: the DMA events (*res) and staging for `slots` slots of `chunk` bytes. Returns the
   // slots the copy can have: fewer when short of pinned memory; 0 if none.
   static int fit(Pipeline* p, CUcontext ctx, int slots, size_t chunk, ContextResources** res);
-  // The setup thread: the ring, stream, events and workers for the largest rule in force.
+  // The setup thread: the ring, stream, events and workers for the largest rule in force (or the
+  // first copy's settings).
   void prepare(Pipeline* p);
 
   std::mutex host_mutex_;  // held by the host copy on host_run_; others take the plain path meanwhile
@@ -100,13 +107,17 @@ class Engine {
   Pipeline* traced_ = nullptr;
 };
 
-Pipeline* Engine::find(CUcontext ctx) {
+Pipeline* Engine::find(CUcontext ctx, const Settings* first) {
   std::lock_guard<std::mutex> lock(pipelines_mutex_);
   for (Pipeline* q : pipelines_) {
     if (q->ctx == ctx) return q;
   }
   auto* p = new Pipeline();
   p->ctx = ctx;
+  if (first) {
+    p->for_first = true;
+    p->first = *first;
+  }
   if (!pool_.add(&p->run)) {
     delete p;
     return nullptr;
@@ -128,7 +139,7 @@ void Engine::prepare(Pipeline* p) {
     if (d.cuCtxGetDevice(&dev) == CUDA_SUCCESS) p->place = numa_place_for(dev);
     numa_move_setup_thread(p->place);  // before the ring: its pinned pages come from the GPU's node
     if (p->place.placed()) p->run.place = &p->place;
-    const Settings most = active_plan().largest();
+    const Settings most = p->for_first ? p->first : active_plan().largest();
     // Short of pinned memory (the node's budget), the ring keeps what it got: copies use fewer slots.
     ContextResources* res = nullptr;
     ok = fit(p, p->ctx, buffers_of(most), chunk_of(most), &res) > 0;  // no copy runs before it is Ready
@@ -212,7 +223,7 @@ CUresult Engine::copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming) {
 
   std::unique_lock<std::mutex> traced;
   if (timeline::enabled()) traced = std::unique_lock<std::mutex>(trace_mutex_);
-  Pipeline* p = find(req.ctx);
+  Pipeline* p = find(req.ctx, req.setup_for_these ? &st : nullptr);
   if (!p) return CUDA_ERROR_NOT_READY;
   if (warming && p->state.load(std::memory_order_acquire) == Pipeline::Preparing) {
     *warming = true;
@@ -236,8 +247,9 @@ CUresult Engine::copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming) {
   Job& j = p->job;
   p->dma.trace_forget();  // the last copy's DMA times describe its blocks, about to be replaced
   j.plan = cut_transfer(req.dir, req.bytes, chunk, threads, env().test_piece);
-  // The setup sized the ring for every rule in force; only explicit settings beyond them (the tuner's
-  // trials) or a plan replaced since can make it grow here.
+  // The setup sized the ring for every rule in force, or for the cmt.io transfer that made the
+  // pipeline; only copies beyond that (the tuner's trials, a plan replaced since, a program's copies
+  // after a cmt.io transfer) make it grow here.
   ContextResources* res = nullptr;
   const int slots = fit(p, req.ctx, static_cast<int>(std::min<size_t>(buffers_of(st), j.plan.blocks)), chunk, &res);
   if (slots < 1) return CUDA_ERROR_NOT_READY;

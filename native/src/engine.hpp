@@ -27,6 +27,9 @@ struct CopyRequest {
   CUstream stream;      // the caller's stream, already resolved (never a raw 0); its prior work is done
   Settings settings;
   HostEnd* end = nullptr;  // another host end (a file, host_end.hpp) in place of `host`
+  // If this copy makes its context's pipeline: its setup pins staging for these settings, not for
+  // the plan's largest rule (cmt.io's transfers, which do not follow the copy plan).
+  bool setup_for_these = false;
 };
 
 // Runs the copy with CUDA's ordering: the caller has waited for prior work on `stream`; later work

@@ -94,6 +94,7 @@ bool copy_part(const Driver& d, const IoRequest& q, CUcontext ctx, CUstream stre
                IoResult* res) {
   FileEnd end(*q.file, q.file_off + part_off);
   CopyRequest req{q.dir, ctx, nullptr, q.device + part_off, len, stream, q.settings, &end};
+  req.setup_for_these = true;
   CUresult r = engine_copy(req);
   if (r == CUDA_ERROR_NOT_READY && !end.failed()) r = copy_through_driver(d, q.dir, req.device, len, stream, end);
   // A file-to-device copy returns once its bytes are staged: the transfer is done once its DMAs are.

@@ -22,6 +22,37 @@ namespace {
 
 constexpr unsigned kWriteValueDefault = 0;  // CU_STREAM_WRITE_VALUE_DEFAULT: after the stream's earlier work
 
+// A 32-bit wait ("greater or equal", cyclic) or write ("after the stream's earlier work"): both
+// flags are 0.
+StreamMemOp mem_op(unsigned operation, CUdeviceptr word, uint32_t n) {
+  static_assert(kStreamWaitValueGeq == 0 && kWriteValueDefault == 0);
+  StreamMemOp op = {};
+  op.value.operation = operation;
+  op.value.address = word;
+  op.value.value = n;
+  return op;
+}
+
+// How a transfer is cut on its pipeline: DMA blocks of `block` bytes in `slots` staging slots.
+struct StreamGeometry {
+  size_t block;
+  int slots;
+};
+
+// Small transfers: a block of up to kSmallIoBytes in each of two slots. Larger ones: blocks of an
+// eighth of the transfer, from the settings' chunk up to kStreamBlockMax, in at most
+// kStreamRingBytes of staging. The caller's thread pays two driver calls per block when it queues
+// the transfer (queue_dmas), so few large blocks keep read_async's return short: a 1 GiB read
+// queues eleven (docs/storage.md, "The stream-ordered hang"); the lanes still share each block.
+StreamGeometry stream_geometry(const IoRequest& q) {
+  if (q.bytes <= kSmallIoBytes) return {kSmallIoBytes, 2};
+  const size_t chunk = std::clamp(static_cast<size_t>(q.settings.chunk_bytes), kMinChunk, kMaxChunk);
+  const size_t eighth = (q.bytes / 8 + (size_t(1) << 20) - 1) & ~((size_t(1) << 20) - 1);
+  const size_t block = std::clamp(eighth, chunk, std::max(chunk, kStreamBlockMax));
+  const auto ring_slots = static_cast<int64_t>(std::max<size_t>(2, kStreamRingBytes / block));
+  return {block, static_cast<int>(std::clamp<int64_t>(q.settings.buffers, 1, std::min<int64_t>(ring_slots, kMaxBuffers)))};
+}
+
 // Waits until the stream has written `word` to at least `target` (cyclic): spins briefly, then
 // sleeps, as the stream may be held for long.
 void wait_word(const uint32_t* word, uint32_t target) {
@@ -64,12 +95,14 @@ class StreamPipeline {
     std::lock_guard<std::mutex> lock(mutex_);
     return queue_.size();
   }
-  // Staging for `slots` slots of `chunk` bytes, while nothing is queued (its DMAs name the slots).
+  // Staging for `slots` slots of `chunk` bytes, while nothing is queued (its DMAs name the slots);
+  // no more than kStreamRingBytes in all once its slots are larger (at least two slots).
   bool fit_idle(int slots, size_t chunk) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!queue_.empty()) return false;
-    ring_.ensure(slots, chunk);  // short of pinned memory, what it has
-    return ring_.count() > 0;
+    const size_t slot = std::max(chunk, ring_.slot_bytes());
+    ring_.ensure(std::min(slots, static_cast<int>(std::max<size_t>(2, kStreamRingBytes / slot))), chunk);
+    return ring_.count() > 0;  // short of pinned memory, what it has
   }
 
   CUresult queue(PipelineTransfer* t, CUstream stream, void (*reached)(void*), void* arg);
@@ -105,12 +138,12 @@ CUresult StreamPipeline::queue(PipelineTransfer* t, CUstream stream, void (*reac
   const Driver& d = driver();
   const IoRequest& q = t->req;
   // The plan on the staging there is (a busy pipeline's cannot change).
-  const size_t chunk = std::min(std::clamp(static_cast<size_t>(q.settings.chunk_bytes), kMinChunk, kMaxChunk),
-                                ring_.slot_bytes());
+  const StreamGeometry want = stream_geometry(q);
+  const size_t chunk = std::min(want.block, ring_.slot_bytes());
   const int threads = static_cast<int>(std::clamp<int64_t>(q.settings.threads, 1, kMaxThreads));
   t->plan = cut_transfer(q.dir, q.bytes, chunk, threads, env().test_piece);
-  t->slots = static_cast<int>(std::min<size_t>({static_cast<size_t>(std::max<int64_t>(q.settings.buffers, 1)),
-                                                t->plan.blocks, static_cast<size_t>(ring_.count())}));
+  t->slots = static_cast<int>(std::min<size_t>({static_cast<size_t>(want.slots), t->plan.blocks,
+                                                static_cast<size_t>(ring_.count())}));
   bool flipped = false;
   place_transfer(t->plan, ring_.slot_bytes(), chunk, &flipped);
   // The first transfer asks whether the device waits on and writes memory at all: a satisfied wait
@@ -118,9 +151,8 @@ CUresult StreamPipeline::queue(PipelineTransfer* t, CUstream stream, void (*reac
   static std::atomic<bool> memops_known{false};
   if (!memops_known.load(std::memory_order_acquire)) {
     const CUdeviceptr spare = host_dev_ + 2 * kMaxSlots * sizeof(uint32_t);
-    CUresult r = d.cuStreamWaitValue32(stream, spare, 0, kStreamWaitValueGeq);
-    if (r == CUDA_SUCCESS) r = d.cuStreamWriteValue32(stream, spare, 0, kWriteValueDefault);
-    if (r != CUDA_SUCCESS) return r;
+    StreamMemOp probe[2] = {mem_op(kMemOpWaitValue32, spare, 0), mem_op(kMemOpWriteValue32, spare, 0)};
+    if (CUresult r = d.cuStreamBatchMemOp(stream, 2, probe, 0); r != CUDA_SUCCESS) return r;
     memops_known.store(true, std::memory_order_release);
   }
   t->pipeline = this;
@@ -138,26 +170,38 @@ CUresult StreamPipeline::queue(PipelineTransfer* t, CUstream stream, void (*reac
   return CUDA_SUCCESS;
 }
 
-// Per block: wait for the lanes' word, the DMA, the stream's word. Stops at the first refusal.
+// Per block: wait for the lanes' word, the DMA, the stream's word. Each block's wait goes to the
+// driver in one call with the last block's write, so a block costs the caller two calls. Stops at
+// the first refusal.
 CUresult StreamPipeline::queue_dmas(PipelineTransfer* t, CUstream stream) {
   const Driver& d = driver();
   const TransferPlan& plan = t->plan;
+  int written = -1;  // the slot of the DMA whose word is still to be written (none yet)
+  uint32_t written_n = 0;
   for (size_t b = 0; b < plan.blocks; ++b) {
     const int s = static_cast<int>(b % static_cast<size_t>(t->slots));
     const uint32_t n = t->words.base[s] + t->waits[s] + 1;
-    const CUdeviceptr off = s * sizeof(uint32_t);
-    CUresult r = d.cuStreamWaitValue32(stream, host_dev_ + off, n, kStreamWaitValueGeq);
+    StreamMemOp ops[2];
+    unsigned count = 0;
+    if (written >= 0) ops[count++] = mem_op(kMemOpWriteValue32, gpu_dev_ + written * sizeof(uint32_t), written_n);
+    ops[count++] = mem_op(kMemOpWaitValue32, host_dev_ + s * sizeof(uint32_t), n);
+    CUresult r = d.cuStreamBatchMemOp(stream, count, ops, 0);
     if (r != CUDA_SUCCESS) return r;
+    if (written >= 0) ++t->writes[written];
     ++t->waits[s];
     char* staging = static_cast<char*>(ring_[s].mem) + plan.slot_offset(b);
     const CUdeviceptr dev = t->req.device + plan.block_off[b];
     r = t->req.dir == Direction::HtoD ? d.cuMemcpyHtoDAsync(dev, staging, plan.block_len(b), stream)
                                       : d.cuMemcpyDtoHAsync(staging, dev, plan.block_len(b), stream);
-    if (r == CUDA_SUCCESS) r = d.cuStreamWriteValue32(stream, gpu_dev_ + off, n, kWriteValueDefault);
     if (r != CUDA_SUCCESS) return r;
-    ++t->writes[s];
+    written = s;
+    written_n = n;
   }
-  return CUDA_SUCCESS;
+  if (written < 0) return CUDA_SUCCESS;
+  StreamMemOp last = mem_op(kMemOpWriteValue32, gpu_dev_ + written * sizeof(uint32_t), written_n);
+  const CUresult r = d.cuStreamBatchMemOp(stream, 1, &last, 0);
+  if (r == CUDA_SUCCESS) ++t->writes[written];
+  return r;
 }
 
 // The pipeline's thread: its transfers in the order they were queued, each once its stream reached it.
@@ -224,10 +268,7 @@ std::vector<StreamPipeline*> g_pipelines;  // never freed: host functions and la
 
 StreamPipeline* pipeline_for(CUcontext ctx, const PipelineTransfer& t) {
   const bool small = t.req.bytes <= kSmallIoBytes;
-  // Small transfers: a block of up to kSmallIoBytes in each of two slots.
-  const size_t chunk = small ? kSmallIoBytes : std::clamp(static_cast<size_t>(t.req.settings.chunk_bytes), kMinChunk,
-                                                          kMaxChunk);
-  const int slots = small ? 2 : static_cast<int>(std::clamp<int64_t>(t.req.settings.buffers, 1, kMaxBuffers));
+  const StreamGeometry want = stream_geometry(t.req);
   const pid_t pid = getpid();
   StreamPipeline* shortest = nullptr;
   size_t shortest_queue = ~size_t(0);
@@ -235,7 +276,7 @@ StreamPipeline* pipeline_for(CUcontext ctx, const PipelineTransfer& t) {
   for (StreamPipeline* p : g_pipelines) {
     if (p->ctx() != ctx || p->small() != small || p->pid() != pid) continue;  // a forked child has its own
     ++mine;
-    if (p->fit_idle(slots, chunk)) return p;
+    if (p->fit_idle(want.slots, want.block)) return p;
     const size_t n = p->queued();
     if (n > 0 && n < shortest_queue) {
       shortest = p;
@@ -246,7 +287,7 @@ StreamPipeline* pipeline_for(CUcontext ctx, const PipelineTransfer& t) {
     auto* p = new StreamPipeline(ctx, small);
     if (p->make()) {
       g_pipelines.push_back(p);
-      if (p->fit_idle(slots, chunk)) return p;
+      if (p->fit_idle(want.slots, want.block)) return p;
     } else {
       delete p;  // (no thread yet; a lane run or words it got stay)
     }
@@ -259,7 +300,7 @@ StreamPipeline* pipeline_for(CUcontext ctx, const PipelineTransfer& t) {
 
 bool stream_pipelines_usable() {
   const Driver& d = driver();
-  return d.ok && d.cuLaunchHostFunc && d.cuStreamWaitValue32 && d.cuStreamWriteValue32 && d.cuMemHostGetDevicePointer;
+  return d.ok && d.cuLaunchHostFunc && d.cuStreamWaitValue32 && d.cuStreamBatchMemOp && d.cuMemHostGetDevicePointer;
 }
 
 CUresult stream_pipeline_queue(CUcontext ctx, PipelineTransfer* t, CUstream stream, void (*reached)(void*), void* arg) {

@@ -9,8 +9,10 @@
 // So the transfer's DMAs are queued on the caller's stream up front, block by block, each gated by
 // 32-bit words in pinned, device-mapped memory (job.hpp's SlotWords): for block b in slot s,
 //     wait until host[s] >= n;  DMA between the slot and device memory;  write gpu[s] = n
-// where n counts slot s's DMAs. The engine's lanes (the same Job, lane pool and CPU budget as every
-// copy) then only read or write the file, set host words and watch gpu words. A pipeline runs its
+// where n counts slot s's DMAs; a block's write and the next one's wait are one cuStreamBatchMemOp,
+// and the blocks are large (stream_geometry), so that the caller's thread returns soon. The
+// engine's lanes (the same Job, lane pool and CPU budget as every copy) then only read or write the
+// file, set host words and watch gpu words. A pipeline runs its
 // transfers one at a time in the order they were queued; each is started by a host function on its
 // stream, so that it runs after the stream's earlier work. The caller's thread takes an idle
 // pipeline of the context (one for transfers up to kSmallIoBytes, one for larger ones) or makes one,
@@ -27,6 +29,9 @@ namespace cmt {
 class StreamPipeline;
 
 constexpr int kMaxStreamPipelines = 4;
+// A transfer's DMA blocks (stream_pipeline.cpp, stream_geometry) and its pipeline's staging.
+constexpr size_t kStreamBlockMax = size_t(128) << 20;
+constexpr size_t kStreamRingBytes = size_t(256) << 20;
 
 // One stream-ordered transfer on its pipeline.
 struct PipelineTransfer {

@@ -122,6 +122,7 @@
   X(cuLaunchHostFunc_ptsz)              \
   X(cuStreamWaitValue32_v2)             \
   X(cuStreamWriteValue32_v2)            \
+  X(cuStreamBatchMemOp_v2)              \
   X(cuStreamBeginCapture_v2)            \
   X(cuStreamBeginCapture_v2_ptsz)       \
   X(cuStreamEndCapture)                 \
@@ -1046,6 +1047,39 @@ CUresult write_value32(CUstream h, CUdeviceptr addr, uint32_t value, unsigned fl
   return enqueue(s, [word, value, keep] { __atomic_store_n(word, value, __ATOMIC_RELEASE); }, {}, true, nullptr);
 }
 
+// cuStreamBatchMemOp_v2: 32-bit waits and writes (cuda.h's CUstreamBatchMemOpParams, 48 bytes
+// each), queued in order. Other operations, or a bad one, queue none of them.
+struct BatchMemOp {
+  unsigned operation;
+  CUdeviceptr address;
+  uint64_t value;
+  unsigned flags;
+  CUdeviceptr alias;
+  uint64_t pad[1];
+};
+static_assert(sizeof(BatchMemOp) == 48, "cuda.h's CUstreamBatchMemOpParams");
+
+CUresult batch_mem_op(CUstream h, unsigned count, const BatchMemOp* ops, unsigned flags) {
+  if (!inited()) return CUDA_ERROR_NOT_INITIALIZED;
+  if (G().no_stream_memops) return CUDA_ERROR_NOT_SUPPORTED;
+  if (!ops || count == 0 || count > 256 || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned i = 0; i < count; ++i) {
+    if (ops[i].operation != 1 && ops[i].operation != 2) return CUDA_ERROR_NOT_SUPPORTED;
+    Resolved r;
+    if (CUresult rc = resolve_ptr(ops[i].address, sizeof(uint32_t), r)) return rc;
+    if (r.kind == MKind::PAGEABLE || r.kind == MKind::MANAGED || ops[i].address % sizeof(uint32_t)) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  for (unsigned i = 0; i < count; ++i) {
+    const auto value = static_cast<uint32_t>(ops[i].value);
+    CUresult rc = ops[i].operation == 1 ? wait_value32(h, ops[i].address, value, ops[i].flags)
+                                        : write_value32(h, ops[i].address, value, ops[i].flags);
+    if (rc) return rc;
+  }
+  return CUDA_SUCCESS;
+}
+
 CUresult begin_capture(CUstream h, int mode, bool per_thread) {
   SP s;
   CUresult rc = resolve_stream(h, per_thread, s);
@@ -1918,6 +1952,10 @@ FAKE_EXPORT CUresult cuStreamWriteValue32_v2(CUstream h, CUdeviceptr addr, unsig
   COUNT(cuStreamWriteValue32_v2);
   return write_value32(h, addr, static_cast<uint32_t>(value), flags);
 }
+FAKE_EXPORT CUresult cuStreamBatchMemOp_v2(CUstream h, unsigned int count, void* ops, unsigned int flags) {
+  COUNT(cuStreamBatchMemOp_v2);
+  return batch_mem_op(h, count, static_cast<const BatchMemOp*>(ops), flags);
+}
 FAKE_EXPORT CUresult cuStreamBeginCapture_v2(CUstream h, int mode) {
   COUNT(cuStreamBeginCapture_v2);
   return begin_capture(h, mode, false);
@@ -2098,6 +2136,7 @@ int min_version(const std::string& name, bool versioned) {
       {"cuStreamGetCtx_v2", 12050},
       {"cuStreamWaitValue32_v2", 11070},
       {"cuStreamWriteValue32_v2", 11070},
+      {"cuStreamBatchMemOp_v2", 11070},
   };
   auto it = ov.find(name);
   if (it != ov.end()) return it->second;
