@@ -16,7 +16,8 @@ MAIN = "import sys; from cmt.cli import main; sys.argv[0] = 'cmt'; main()"
 GOOD = {
     "format": "cmt-tuned-config", "version": 1, "search": "manual", "machine": {"gpu": "test"},
     "h2d": [{"min_bytes": 0, "mode": "pass"},
-            {"min_bytes": 1 << 20, "threads": 4, "buffers": 8, "chunk_bytes": 1 << 18, "gbps": 40.0},
+            {"min_bytes": 1 << 20, "threads": 4, "buffers": 8, "chunk_bytes": 1 << 18, "gbps": 40.0,
+             "pageable_gbps": 9.5},
             {"min_bytes": 64 << 20, "threads": 8, "buffers": 4, "chunk_bytes": 1 << 22, "stores": "stream"}],
     "d2h": [{"min_bytes": 2 << 20, "threads": 8, "buffers": 16, "chunk_bytes": 1 << 20}],
 }
@@ -31,7 +32,8 @@ def write(tmp_path, doc) -> str:
 def test_good_file_round_trips_through_the_native_parser(tmp_path):
     conf = cfg.load(write(tmp_path, GOOD))
     plan = conf.to_plan()
-    assert plan == ("h2d:0=pass;h2d:1048576=threads:4,buffers:8,chunk_bytes:262144,stores:cached;"
+    # the driver's own rate that `cmt tune` measured goes to the rate guard (native/src/rate_guard.hpp)
+    assert plan == ("h2d:0=pass;h2d:1048576=threads:4,buffers:8,chunk_bytes:262144,stores:cached|driver:9.5;"
                     "h2d:67108864=threads:8,buffers:4,chunk_bytes:4194304,stores:stream;"
                     "d2h:2097152=threads:8,buffers:16,chunk_bytes:1048576,stores:cached")
     native.configure(plan)
@@ -45,7 +47,7 @@ def test_good_file_round_trips_through_the_native_parser(tmp_path):
     assert conf.rule_for("d2h", 1 << 20).passes
     # measured figures survive a save/load
     saved = cfg.save(conf, tmp_path / "again.json")
-    assert cfg.load(saved).rules["h2d"][1].figures == {"gbps": 40.0}
+    assert cfg.load(saved).rules["h2d"][1].figures == {"gbps": 40.0, "pageable_gbps": 9.5}
     assert cfg.load(saved).to_plan() == plan and cfg.from_plan(plan).to_plan() == plan
 
 
@@ -123,6 +125,8 @@ def test_native_defaults_parse_back():
     "h2d:0=thraeds:2,buffers:2,chunk_bytes:4096", "h2d:0=threads:2x,buffers:2,chunk_bytes:4096",
     "h2d:0=2,2,4096",  # the old positional form
     "h2d:0=threads:2,buffers:2,chunk_bytes:4096,threads:3",  # a setting given twice
+    "h2d:0=threads:2,buffers:2,chunk_bytes:4096|driver:x", "h2d:0=threads:2,buffers:2,chunk_bytes:4096|driver:-1",
+    "h2d:0=pass|driver:5",
 ])
 def test_native_rejects_bad_plans(plan):
     with pytest.raises(CmtError):

@@ -330,6 +330,27 @@ def test_staging_slower_than_the_driver_backs_off_and_comes_back(fake_driver_dir
     assert "backed off to the driver 2 times, staged again 2 times" in err, err
 
 
+@pytest.mark.parametrize("driver_gbps", [0.01, 1000], ids=["staging_wins", "staging_loses"])
+def test_the_plans_driver_rate_lets_a_host_busy_from_the_start_back_off(fake_driver_dir, driver_gbps):
+    """A host busy from the process's start: staging never falls from a best, so only the driver's
+    rate that `cmt tune` measured (the plan's `driver:` figure) shows that it may lose. The guard then
+    measures the driver and passes copies to it; where staging beats that rate, nothing is measured."""
+    s = CopyServer(fake_driver_dir, CMT_STATS="1", CMT_TEST_HOOKS="wait_setup=1",
+                   CMT_PLAN=";".join(f"{d}:1048576=threads:2,buffers:4,chunk_bytes:1048576|driver:{driver_gbps}"
+                                     for d in ("h2d", "d2h")))
+    loses = driver_gbps > 1
+    # The stand-in's speeds: staging's pinned DMAs at 0.05 GB/s against the driver's 2, or unbounded.
+    r = s("timed_copies", pinned_gbps=0.05 if loses else 0, pageable_gbps=2 if loses else 0.5, size=4 * MIB,
+          count=16)
+    s.close()
+    assert r["ok_bytes"]
+    if loses:
+        assert r["events"]["backed_off"] == 2, r  # once per direction, within its first copies
+        assert all(r["stats"][d]["backed_off"] >= 8 for d in ("h2d", "d2h")), r
+    else:
+        assert r["stats"] == {"h2d": {"accelerated": 16}, "d2h": {"accelerated": 16}}, r
+
+
 # ---- the node's budget of copy threads ------------------------------------------------------------
 
 def test_processes_share_the_nodes_budget_and_a_killed_ones_lanes_come_back(fake_driver_dir):

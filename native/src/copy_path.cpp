@@ -61,12 +61,14 @@ Outcome decide_and_copy(const CopyCall& call, CUresult* result, HostKind* kind) 
   if (g_forked.load(std::memory_order_relaxed)) return Outcome::ForkedChild;
   // Cheapest test first: small copies must cost nothing measurable.
   Settings settings;
+  double driver_gbps = 0;  // the plan's figure for the driver's own copy (rate_guard.hpp)
   if (call.forced) {
     settings = *call.forced;
   } else {
     const Rule& rule = active_plan().lookup(call.dir, call.bytes);
     if (rule.pass || call.bytes == 0) return Outcome::BelowMinimum;
     settings = rule.settings;
+    driver_gbps = rule.driver_gbps;
   }
   const Driver& d = driver();
   if (!d.ok) return Outcome::NoDriver;
@@ -117,7 +119,7 @@ Outcome decide_and_copy(const CopyCall& call, CUresult* result, HostKind* kind) 
   // pipeline, not while it waits for another thread's copy). The C API's explicit settings
   // (benchmarks, the tuner) are measured as they are.
   const bool guarded = call.forced == nullptr && env().test_guard;
-  if (guarded && guard_decide(call.dir, call.bytes) != Verdict::Stage) return Outcome::BackedOff;
+  if (guarded && guard_decide(call.dir, call.bytes, driver_gbps) != Verdict::Stage) return Outcome::BackedOff;
 
   // While a GPU's pipeline is being set up (its first copy starts that), the program's copies go to
   // the driver rather than wait for it. Explicit settings are measured on a ready pipeline.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -57,6 +58,16 @@ bool Plan::parse(const char* text, std::string* error) {
       std::string why;
       if (!parse_settings(p, &r.settings, &p, &why)) return fail(error, "expected 'pass' or settings: " + why);
       r.pass = false;
+      if (!strncmp(p, "|driver:", 8)) {
+        p += 8;
+        char* end = nullptr;
+        errno = 0;
+        r.driver_gbps = strtod(p, &end);
+        if (end == p || errno || !(r.driver_gbps >= 0 && r.driver_gbps < 1e6)) {
+          return fail(error, "expected the driver's GB/s after '|driver:'");
+        }
+        p = end;
+      }
     }
     if (*p && *p != ';') return fail(error, std::string("unexpected text at '") + p + "'");
     parsed.rules_[static_cast<int>(dir)].push_back(r);
@@ -82,21 +93,24 @@ Plan Plan::defaults() {
   Plan p;
   for (int d = 0; d < kGpuDirections; ++d) {
     bool h2d = d == static_cast<int>(Direction::HtoD);
-    auto add = [&](size_t min, int threads, int buffers, size_t chunk) {
+    // The driver's rates: the H200's pageable copies as `cmt tune` measured them (its profile's
+    // pageable_gbps), rounded; on a slower link they only make the rate guard measure sooner.
+    auto add = [&](size_t min, int threads, int buffers, size_t chunk, double driver_gbps) {
       Rule r;
       r.min_bytes = min;
       r.pass = false;
       r.settings.threads = threads;
       r.settings.buffers = buffers;
       r.settings.chunk_bytes = static_cast<int64_t>(chunk);
+      r.driver_gbps = driver_gbps;
       p.rules_[d].push_back(r);
     };
     p.rules_[d].push_back(Rule{});
-    add(size_t(1) << 20, std::min(t, 8), 4, size_t(512) << 10);
-    add(size_t(4) << 20, t, 12, size_t(512) << 10);
-    add(size_t(16) << 20, t, 12, size_t(2) << 20);
-    add(size_t(64) << 20, t, 12, size_t(4) << 20);
-    add(size_t(256) << 20, t, h2d ? 4 : 12, size_t(h2d ? 8 : 4) << 20);
+    add(size_t(1) << 20, std::min(t, 8), 4, size_t(512) << 10, h2d ? 10 : 7.5);
+    add(size_t(4) << 20, t, 12, size_t(512) << 10, h2d ? 11 : 8);
+    add(size_t(16) << 20, t, 12, size_t(2) << 20, h2d ? 12 : 10);
+    add(size_t(64) << 20, t, 12, size_t(4) << 20, h2d ? 8 : 10);
+    add(size_t(256) << 20, t, h2d ? 4 : 12, size_t(h2d ? 8 : 4) << 20, h2d ? 7 : 12);
   }
   // Host copies from 8 MiB, in 1 MiB pieces over up to 16 threads: one thread's memcpy moves 5-10
   // GB/s on the H200 host, 16 about 40-58 (docs/engine-findings.md); `cmt tune` measures the size
@@ -129,6 +143,11 @@ std::string Plan::to_string() const {
       if (!s.empty()) s += ";";
       s += std::string(direction_name(static_cast<Direction>(d))) + ":" + std::to_string(r.min_bytes) + "=";
       s += r.pass ? std::string("pass") : settings_to_string(r.settings);
+      if (!r.pass && r.driver_gbps > 0) {
+        char driver[32];
+        snprintf(driver, sizeof driver, "|driver:%g", r.driver_gbps);
+        s += driver;
+      }
     }
   }
   return s;

@@ -2,8 +2,10 @@
 // Python turns a tuned file into the plan's text form (CMT_PLAN), so the native side never parses
 // JSON:
 //   plan  := rule (';' rule)*
-//   rule  := dir ':' min_bytes '=' ( 'pass' | settings )      settings: settings.hpp
-//   dir   := 'h2d' | 'd2h'
+//   rule  := dir ':' min_bytes '=' ( 'pass' | settings [ '|driver:' gbps ] )   settings: settings.hpp
+//   dir   := 'h2d' | 'd2h' | 'h2h'
+// `driver:` is the driver's own (pageable) rate for the rule's copies, in GB/s, as `cmt tune`
+// measured it: the rate guard (rate_guard.hpp) checks staging against it from a process's start.
 // A rule applies from its min_bytes up to the next rule's min_bytes of the same direction.
 // Sizes below the first rule pass through.
 #pragma once
@@ -19,6 +21,7 @@ struct Rule {
   size_t min_bytes = 0;
   bool pass = true;
   Settings settings;
+  double driver_gbps = 0;  // the driver's own rate for these copies (0: unknown)
 };
 
 class Plan {

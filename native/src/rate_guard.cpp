@@ -10,7 +10,9 @@ namespace cmt {
 namespace {
 
 constexpr int kClasses = 48;                          // power-of-two size classes
-constexpr uint64_t kRemeasureNs = 200'000'000;        // the driver's rate is measured at most this often
+constexpr uint64_t kRemeasureNs = 200'000'000;        // the driver's rate is measured at most this often,
+constexpr double kMeasureShare = 20;                  // and once per this many pass-through copies' time
+constexpr uint32_t kLearnCopies = 3;                  // staged copies before the known rate is trusted
 constexpr uint32_t kProbeFirst = 8;                   // while backed off, one copy in this many is staged,
 constexpr uint32_t kProbeMost = 256;                  // twice as few after each probe that lost,
 constexpr uint64_t kProbeAfterNs = 250'000'000;       // but at least one this often (large copies)
@@ -22,6 +24,7 @@ constexpr double kWeight = 0.25;                      // of a new sample in the 
 struct SizeClass {
   std::atomic<double> staged{0}, best{0}, driver{0};  // bytes per ns
   std::atomic<uint64_t> driver_at{0};                 // when the driver was last measured
+  std::atomic<uint32_t> staged_n{0};                  // staged copies timed (not probes)
   std::atomic<bool> backed_off{false};
   std::atomic<uint32_t> passes{0};                    // copies passed since backing off or the last probe
   std::atomic<uint32_t> probe_every{kProbeFirst};
@@ -47,7 +50,7 @@ double rate(size_t bytes, uint64_t ns) { return static_cast<double>(bytes) / sta
 
 }  // namespace
 
-Verdict guard_decide(Guarded g, size_t bytes) {
+Verdict guard_decide(Guarded g, size_t bytes, double driver_gbps) {
   SizeClass& c = of(g, bytes);
   if (c.backed_off.load(std::memory_order_relaxed)) {
     const uint32_t every = c.probe_every.load(std::memory_order_relaxed);
@@ -61,12 +64,20 @@ Verdict guard_decide(Guarded g, size_t bytes) {
     return Verdict::PassBackedOff;
   }
   const double staged = c.staged.load(std::memory_order_relaxed);
-  if (staged > 0 && staged < kSuspect * c.best.load(std::memory_order_relaxed) &&
-      monotonic_ns() - c.driver_at.load(std::memory_order_relaxed) > kRemeasureNs) {
-    c.driver_at.store(monotonic_ns(), std::memory_order_relaxed);  // one thread measures
-    return Verdict::PassToMeasure;
+  if (staged <= 0) return Verdict::Stage;
+  const double measured = c.driver.load(std::memory_order_relaxed);
+  const double driver = measured > 0 ? measured : driver_gbps;  // bytes per ns = GB/s
+  const bool fell = staged < kSuspect * c.best.load(std::memory_order_relaxed);
+  const bool close = driver > 0 && staged < kMargin * driver && c.staged_n.load(std::memory_order_relaxed) >= kLearnCopies;
+  if (!fell && !close) return Verdict::Stage;
+  // Measuring passes one copy through: a 1 GiB one costs the driver's 150 ms, so not often.
+  const double cost_ns = kMeasureShare * static_cast<double>(bytes) / std::max(driver, 1.0);
+  const uint64_t now = monotonic_ns();
+  if (static_cast<double>(now - c.driver_at.load(std::memory_order_relaxed)) <= std::max<double>(kRemeasureNs, cost_ns)) {
+    return Verdict::Stage;
   }
-  return Verdict::Stage;
+  c.driver_at.store(now, std::memory_order_relaxed);  // one thread measures
+  return Verdict::PassToMeasure;
 }
 
 void guard_staged(Guarded g, size_t bytes, uint64_t ns) {
@@ -85,6 +96,7 @@ void guard_staged(Guarded g, size_t bytes, uint64_t ns) {
     }
     return;
   }
+  c.staged_n.fetch_add(1, std::memory_order_relaxed);
   const double old = c.staged.load(std::memory_order_relaxed);
   const double now = old > 0 ? (1 - kWeight) * old + kWeight * r : r;
   c.staged.store(now, std::memory_order_relaxed);

@@ -5,8 +5,11 @@
 // driver's single-threaded copy (measured on the H200 machine with all 16 CPUs busy: device-to-host
 // 1 MiB 1.2 GB/s staged against 3.2 through the driver). Per direction and power-of-two size class:
 //   - staged copies keep a moving rate, and the best rate seen;
-//   - once the moving rate falls below half the best, the driver's rate is measured by passing one
-//     copy through (at most every kRemeasure), so a quiet host never pays for measuring;
+//   - once the moving rate falls below half the best, or below the driver's known rate (the plan's
+//     `driver:` figure from `cmt tune`, or the last measurement) by less than kMargin, the driver's
+//     rate is measured by passing one copy through: at most every kRemeasure, and for large copies
+//     no more often than keeps that cost under 5%. A host busy from the process's start never shows
+//     a fall from a best, hence the known rate; where staging wins clearly nothing is measured;
 //   - staging below the driver's rate backs off: copies pass through (each one measuring the driver
 //     again), and one copy in 8 is staged to see whether staging is faster again (one in 16, 32, ...
 //     256 after each probe that lost: on a host that stays busy the probes cost less and less; and
@@ -34,12 +37,14 @@ enum class Guarded : int { HtoD = 0, DtoH = 1, HtoH = 2, FileRead = 3 };
 constexpr int kGuarded = 4;
 inline Guarded guarded(Direction d) { return static_cast<Guarded>(d); }
 
-// What to do with a copy the plan stages.
-Verdict guard_decide(Guarded g, size_t bytes);
+// What to do with a copy the plan stages; driver_gbps: the driver's rate the plan knows (0: none).
+Verdict guard_decide(Guarded g, size_t bytes, double driver_gbps = 0);
 // How long a copy took through the engine (Stage) or the driver (both Pass verdicts), in ns.
 void guard_staged(Guarded g, size_t bytes, uint64_t ns);
 void guard_passed(Guarded g, size_t bytes, uint64_t ns);
-inline Verdict guard_decide(Direction d, size_t bytes) { return guard_decide(guarded(d), bytes); }
+inline Verdict guard_decide(Direction d, size_t bytes, double driver_gbps = 0) {
+  return guard_decide(guarded(d), bytes, driver_gbps);
+}
 inline void guard_staged(Direction d, size_t bytes, uint64_t ns) { guard_staged(guarded(d), bytes, ns); }
 inline void guard_passed(Direction d, size_t bytes, uint64_t ns) { guard_passed(guarded(d), bytes, ns); }
 

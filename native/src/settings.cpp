@@ -67,7 +67,7 @@ bool parse_settings(const char* text, Settings* out, const char** end, std::stri
   Settings s;
   bool given[sizeof kFields / sizeof kFields[0]] = {};
   const char* p = text;
-  while (*p && *p != ';') {
+  while (*p && *p != ';' && *p != '|') {  // '|': what the plan's rule adds after them (plan.hpp)
     const char* colon = strchr(p, ':');
     if (!colon) return fail(error, std::string("expected name:value at '") + p + "'");
     size_t i = 0;
@@ -79,7 +79,7 @@ bool parse_settings(const char* text, Settings* out, const char** end, std::stri
     const Field& f = kFields[i];
     if (given[i]) return fail(error, std::string(f.name) + " given twice");
     const char* v = colon + 1;
-    size_t n = strcspn(v, ",;");
+    size_t n = strcspn(v, ",;|");
     int64_t value;
     if (*f.choices) {
       value = choice_index(f.choices, v, n);

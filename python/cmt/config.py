@@ -106,6 +106,15 @@ class Rule:
     def passes(self) -> bool:
         return self.settings is None
 
+    def plan_text(self) -> str:
+        """The rule's part of the plan (native/src/plan.hpp): pass, or its settings and the driver's own
+        rate that `cmt tune` measured, which the rate guard checks staging against."""
+        if self.settings is None:
+            return "pass"
+        driver = self.figures.get("pageable_gbps")
+        good = isinstance(driver, int | float) and not isinstance(driver, bool) and 0 < driver < 1e6
+        return self.settings.to_text() + (f"|driver:{driver:g}" if good else "")
+
     def to_json(self) -> dict[str, Any]:
         base: dict[str, Any] = {"min_bytes": self.min_bytes}
         if self.settings is None:
@@ -127,7 +136,7 @@ class TunedConfig:
     node_threads: int | None = None
 
     def to_plan(self) -> str:
-        return ";".join(f"{direction}:{r.min_bytes}=" + ("pass" if r.settings is None else r.settings.to_text())
+        return ";".join(f"{direction}:{r.min_bytes}=" + r.plan_text()
                         for direction in RULE_LISTS for r in self.rules.get(direction, []))
 
     def rule_for(self, direction: str, nbytes: int) -> Rule:
@@ -156,7 +165,9 @@ def from_plan(plan: str, search: str = "default") -> TunedConfig:
     for part in filter(None, plan.split(";")):
         head, what = part.split("=", 1)
         direction, min_bytes = head.split(":")
-        rules[direction].append(Rule(int(min_bytes), None if what == "pass" else Settings.from_text(what)))
+        what, _, driver = what.partition("|driver:")
+        figures = {"pageable_gbps": float(driver)} if driver else {}
+        rules[direction].append(Rule(int(min_bytes), None if what == "pass" else Settings.from_text(what), figures))
     return TunedConfig(rules, search)
 
 
