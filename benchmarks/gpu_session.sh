@@ -7,7 +7,8 @@
 #                                                                      (-> core-acceptance.json)
 #   copy     cmt bench copy, the full sweep                            (-> copy.json, copy.png)
 #   load     cmt bench load, every scenario over 3 process pairs (about 6.5 minutes; stopped at 8:
-#            `install load` fits one call, not beside other modes)     (-> load.json, load.png)
+#            `install load` fits one call, not beside other modes; LOAD_ARGS narrows it, e.g.
+#            '--scenarios busy --busy 0,12 --sizes 1M,16M')              (-> load.json, load.png)
 #   doctor   cmt doctor --path . (text and JSON)                      (-> doctor.txt, doctor.json)
 #   io       cmt bench io in a scratch folder, 4 GiB: warm and cold reads, writes, the batch, the
 #            disk's O_DIRECT limit, one and 16 threads, against KvikIO where carried; IO_ARGS replaces
@@ -43,7 +44,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 modes=()
 for m in "$@"; do if [ "$m" = all ]; then modes+=(install tests core copy); else modes+=("$m"); fi; done
-[ ${#modes[@]} -gt 0 ] || { sed -n '2,33p' "$0"; exit 2; }
+[ ${#modes[@]} -gt 0 ] || { sed -n '2,34p' "$0"; exit 2; }
 status=0
 for mode in "${modes[@]}"; do
   echo "== $mode $(date -u +%T)"
@@ -55,7 +56,7 @@ for mode in "${modes[@]}"; do
     core) timeout 580 python3 benchmarks/core_acceptance.py --processes "${PROCESSES:-3}" \
             --out "$OUT/core-acceptance.json" 2>&1 | tail -30 ;;
     copy) timeout 200 python3 -m cmt bench copy --out "$OUT" 2>&1 | tail -45 ;;
-    load) COLUMNS=150 timeout 480 python3 -m cmt bench load --out "$OUT" 2>&1 | tail -100 ;;
+    load) COLUMNS=150 timeout ${LOAD_TIMEOUT:-480} python3 -m cmt bench load ${LOAD_ARGS:-} --out "$OUT" 2>&1 | tail -100 ;;
     doctor) COLUMNS=150 python3 -m cmt doctor --path . > "$OUT/doctor.txt" 2>&1; cat "$OUT/doctor.txt"
             python3 -m cmt doctor --path . --json > "$OUT/doctor.json" 2>&1; true ;;
     io) mkdir -p /tmp/cmt-io && COLUMNS=150 timeout ${IO_TIMEOUT:-480} python3 -m cmt bench io -D /tmp/cmt-io \

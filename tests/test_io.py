@@ -300,6 +300,34 @@ def test_a_batch_hands_back_completions_out_of_order(run_python, tmp_path):
     ''', FAKE_CUDA_COPY_GBPS="0.02", FAKE_CUDA_DEVICES="2")
 
 
+def test_a_batch_of_device_reads_runs_on_native_workers_byte_exact(run_python, tmp_path):
+    # Many small reads: each costs Python one call (native/src/io_batch.hpp), and no Python thread
+    # runs them; completions come back whole and byte-exact, whichever order they finish in.
+    run_scenario(run_python, f'''
+        import random
+        path = os.path.join({str(tmp_path)!r}, "f.bin")
+        data = pattern(8 * MiB, 21)
+        make_file(path, data)
+        K, count = 64 * 1024, 256
+        dev = cmt.io.DevicePointer(drv.mem_alloc(count * K), count * K)
+        rng = random.Random(3)
+        offs = [rng.randrange(0, len(data) - K) for _ in range(count)]  # unaligned too
+        threads = threading.active_count()
+        with cmt.io.open(path) as f:
+            batch = cmt.io.Batch()
+            for i, off in enumerate(offs):
+                assert batch.read(f, dev, K, off, i * K) == i
+            assert threading.active_count() == threads, "a Python thread ran the device reads"
+            done = []
+            while batch.outstanding:
+                done += batch.poll(min_nr=1)
+        assert sorted(c.index for c in done) == list(range(count))
+        assert all(c.result() == K for c in done)
+        got = drv.peek(dev.ptr, count * K)
+        assert all(got[i * K:(i + 1) * K] == data[off:off + K] for i, off in enumerate(offs))
+    ''')
+
+
 def test_a_batch_reports_each_ops_error_with_its_index(run_python, tmp_path):
     run_scenario(run_python, f'''
         path = os.path.join({str(tmp_path)!r}, "f.bin")

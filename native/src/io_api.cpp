@@ -16,11 +16,13 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 
 #include "file_end.hpp"
 #include "file_transfer.hpp"
+#include "io_batch.hpp"
 #include "page_cache.hpp"
 #include "stream_io.hpp"
 
@@ -139,6 +141,46 @@ API_EXPORT int cmt_io_result(void* op, IoResult* out) {
 // The caller is done with the transfer (it runs to its end all the same).
 API_EXPORT void cmt_io_release(void* op) {
   if (op) stream_io_release(static_cast<StreamOp*>(op));
+}
+
+// Batches (io_batch.hpp): transfers that run on native workers as soon as they are submitted and
+// complete out of order.
+API_EXPORT void* cmt_io_batch_new() { return io_batch_new(); }
+
+// Starts a transfer of the batch, numbered `index`; 0, or the status of a bad request (nothing
+// started, *failed says why).
+API_EXPORT int cmt_io_batch_submit(void* batch, void* file, int write, CUdeviceptr device, uint64_t bytes,
+                                   int64_t file_off, const Settings* settings, int64_t index, IoResult* failed) {
+  IoRequest q;
+  if (!batch) {
+    *failed = bad_request(EINVAL);
+    return failed->status;
+  }
+  if (!make_request(file, write ? Direction::DtoH : Direction::HtoD, device, bytes, file_off, settings, &q, failed)) {
+    return failed->status;
+  }
+  stream_io_warm();  // the caller's thread, where pinning may wait
+  io_batch_submit(static_cast<IoBatch*>(batch), q, index);
+  return 0;
+}
+
+// Up to `max` finished transfers (their numbers and results), waiting until min_nr have finished or
+// timeout_us has passed (< 0: no limit); returns how many.
+API_EXPORT int cmt_io_batch_poll(void* batch, int min_nr, int64_t timeout_us, int64_t* indices, IoResult* results,
+                                 int max) {
+  if (!batch || max <= 0) return 0;
+  IoBatchCompletion got[64];
+  const int n = io_batch_poll(static_cast<IoBatch*>(batch), min_nr, timeout_us, got, std::min(max, 64));
+  for (int i = 0; i < n; ++i) {
+    indices[i] = got[i].index;
+    results[i] = got[i].result;
+  }
+  return n;
+}
+
+// Waits for the batch's transfers still running, then frees it.
+API_EXPORT void cmt_io_batch_free(void* batch) {
+  if (batch) io_batch_free(static_cast<IoBatch*>(batch));
 }
 
 // The process's storage counters: bytes O_DIRECT, bytes through the page cache, files that refused

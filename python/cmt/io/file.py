@@ -14,6 +14,7 @@ import operator
 import os
 import stat
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,7 @@ class File:
         if key not in _MODES:
             raise ValueError(f"invalid mode {mode!r}: use 'r', 'r+', 'w', 'w+', 'a' or 'a+'")
         self._settings = _lib.settings_struct(settings)  # before opening: a bad setting truncates nothing
+        self._settings_ptr = ctypes.cast(self._settings, ctypes.c_void_p)
         flags, self._readable, self._writable = _MODES[key]
         self._fd = os.open(self.path, flags | os.O_CLOEXEC, 0o666)
         try:
@@ -197,7 +199,7 @@ class File:
             result = _lib.Result()
             fn = _lib.lib().cmt_io_write if t.write else _lib.lib().cmt_io_read
             ptr = t.buf.ptr + t.dev_offset
-            fn(self._native, ptr, t.size, t.file_offset, ctypes.cast(self._settings, ctypes.c_void_p),
+            fn(self._native, ptr, t.size, t.file_offset, self._settings_ptr,
                ctypes.byref(result))
             return check(result, self.path, t.verb, ptr)
         finally:
@@ -209,6 +211,33 @@ class File:
         except BaseException:
             self._done()
             raise
+
+    def _batch_start(self, native_batch: int, index: int, write: bool, buf: Any, size: int | None,
+                     file_offset: int | None, dev_offset: int) -> futures.IOFuture | Callable[[Any], int]:
+        """For Batch: starts a transfer of device memory on the native batch as its op `index`, and
+        returns what turns its result into bytes (or raises its error) once it has finished. A
+        transfer of host memory (or of nothing) runs as a future instead, which is returned."""
+        t = self._prepare(write, buf, size, file_offset, dev_offset)
+        if not t.buf.device or t.size == 0:
+            return self._future(t)
+        ptr, failed = t.buf.ptr + t.dev_offset, _lib.Result()
+        try:
+            status = _lib.lib().cmt_io_batch_submit(native_batch, self._native, int(t.write), ptr, t.size,
+                                                    t.file_offset, self._settings_ptr,
+                                                    index, ctypes.byref(failed))
+        except BaseException:
+            self._done()
+            raise
+        if status != _lib.OK:
+            self._done()
+            check(failed, self.path, t.verb, ptr)
+        def finish(result: Any, keep: Any = t.buf.keep) -> int:  # the buffer lives as long as this does
+            try:
+                return check(result, self.path, t.verb, ptr)
+            finally:
+                self._done()
+
+        return finish
 
     def _stream(self, t: _Transfer, stream: Any) -> stream_io.StreamFuture:
         try:
