@@ -211,6 +211,24 @@ def test_host_buffers_and_device_buffers_of_every_kind(run_python, tmp_path):
                 new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
                 return new(ctypes.addressof(self.managed), b"dltensor", None)
 
+        class TorchLike:  # a CUDA torch.Tensor: read through its own methods, not its slow interface
+            def __init__(self, ptr, count, contiguous=True, requires_grad=False):
+                self.is_cuda, self.requires_grad, self._ptr, self._n = True, requires_grad, ptr, count
+                self._contiguous = contiguous
+            @property
+            def __cuda_array_interface__(self):  # PyTorch's refuses a tensor that requires grad
+                if self.requires_grad:
+                    raise RuntimeError("Can't get __cuda_array_interface__ on Variable that requires grad")
+                raise AssertionError("the slow interface was used")
+            def data_ptr(self):
+                return self._ptr
+            def numel(self):
+                return self._n // 4
+            def element_size(self):
+                return 4
+            def is_contiguous(self):
+                return self._contiguous
+
         class HostDLPack:  # a CPU tensor without the buffer protocol (PyTorch's)
             def __init__(self, array):
                 self.array = array
@@ -220,7 +238,12 @@ def test_host_buffers_and_device_buffers_of_every_kind(run_python, tmp_path):
                 return self.array.__dlpack_device__()
 
         with cmt.io.open(path) as f:
-            for buf in (CudaArray(d, n // 4), CudaDLPack(d, n), cmt.io.DevicePointer(d, n), (d, n)):
+            try:
+                f.read(TorchLike(d, n, requires_grad=True))
+                raise AssertionError("a tensor that requires grad was taken")
+            except RuntimeError as e:
+                assert "requires grad" in str(e)
+            for buf in (CudaArray(d, n // 4), CudaDLPack(d, n), cmt.io.DevicePointer(d, n), (d, n), TorchLike(d, n)):
                 drv.memset_d8(d, 0, n)
                 assert f.read(buf) == n and drv.peek(d, n) == data, type(buf)
             for make in (lambda: np.zeros(n // 8, np.float64), lambda: bytearray(n),
@@ -229,11 +252,12 @@ def test_host_buffers_and_device_buffers_of_every_kind(run_python, tmp_path):
                 assert f.read(buf) == n
                 view = buf.array if isinstance(buf, HostDLPack) else buf
                 assert bytes(memoryview(view).cast("B")) == data, type(buf)
-            try:
-                f.read(CudaArray(d, n // 8, strides=(8,)))
-                raise AssertionError("a strided array was taken")
-            except ValueError as e:
-                assert "contiguous" in str(e)
+            for strided in (CudaArray(d, n // 8, strides=(8,)), TorchLike(d, n, contiguous=False)):
+                try:
+                    f.read(strided)
+                    raise AssertionError("a strided array was taken")
+                except ValueError as e:
+                    assert "contiguous" in str(e)
             try:
                 f.read("not a buffer")
                 raise AssertionError("a str was taken")
@@ -313,18 +337,36 @@ def test_a_batch_of_device_reads_runs_on_native_workers_byte_exact(run_python, t
         rng = random.Random(3)
         offs = [rng.randrange(0, len(data) - K) for _ in range(count)]  # unaligned too
         threads = threading.active_count()
-        with cmt.io.open(path) as f:
+        for many in (False, True):  # one call per read, or one for all (read_many)
+            drv.memset_d8(dev.ptr, 0, count * K)
+            with cmt.io.open(path) as f:
+                batch = cmt.io.Batch()
+                if many:
+                    assert list(batch.read_many(f, dev, K, offs, [i * K for i in range(count)])) == list(range(count))
+                else:
+                    for i, off in enumerate(offs):
+                        assert batch.read(f, dev, K, off, i * K) == i
+                assert threading.active_count() == threads, "a Python thread ran the device reads"
+                done = []
+                while batch.outstanding:
+                    done += batch.poll(min_nr=1)
+            assert sorted(c.index for c in done) == list(range(count))
+            assert all(c.result() == K for c in done)
+            got = drv.peek(dev.ptr, count * K)
+            assert all(got[i * K:(i + 1) * K] == data[off:off + K] for i, off in enumerate(offs))
+        with cmt.io.open(path) as f:  # bad input: nothing starts
             batch = cmt.io.Batch()
-            for i, off in enumerate(offs):
-                assert batch.read(f, dev, K, off, i * K) == i
-            assert threading.active_count() == threads, "a Python thread ran the device reads"
-            done = []
-            while batch.outstanding:
-                done += batch.poll(min_nr=1)
-        assert sorted(c.index for c in done) == list(range(count))
-        assert all(c.result() == K for c in done)
-        got = drv.peek(dev.ptr, count * K)
-        assert all(got[i * K:(i + 1) * K] == data[off:off + K] for i, off in enumerate(offs))
+            for sizes, offsets, why in ((K, [0, -1], "negative"), (2 * K, [0, 1], "too few")):
+                try:
+                    batch.read_many(f, cmt.io.DevicePointer(dev.ptr, 2 * K), sizes, offsets, [0, K])
+                    raise AssertionError("bad input was taken")
+                except ValueError as e:
+                    assert why in str(e), e
+            assert batch.outstanding == 0
+            host = bytearray(2 * K)
+            assert list(batch.read_many(f, host, K, [0, 5], [0, K])) == [0, 1]  # host memory: as futures
+            assert sorted(c.result() for c in batch.wait()) == [K, K]
+            assert bytes(host) == data[:K] + data[5:5 + K]
     ''')
 
 

@@ -164,6 +164,29 @@ API_EXPORT int cmt_io_batch_submit(void* batch, void* file, int write, CUdevicep
   return 0;
 }
 
+// Many transfers of one file at once (cuFileBatchIOSubmit's shape), numbered first_index on: n
+// device addresses, sizes and file offsets. All are checked first: 0 with all started, or the
+// status of the first bad one (none started; *failed says why).
+API_EXPORT int cmt_io_batch_submit_many(void* batch, void* file, int write, int64_t n, const uint64_t* devices,
+                                        const uint64_t* sizes, const int64_t* file_offs, const Settings* settings,
+                                        int64_t first_index, IoResult* failed) {
+  if (!batch || n < 0 || (n > 0 && (!devices || !sizes || !file_offs))) {
+    *failed = bad_request(EINVAL);
+    return failed->status;
+  }
+  const Direction dir = write ? Direction::DtoH : Direction::HtoD;
+  IoRequest q;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!make_request(file, dir, devices[i], sizes[i], file_offs[i], settings, &q, failed)) return failed->status;
+  }
+  stream_io_warm();  // the caller's thread, where pinning may wait
+  for (int64_t i = 0; i < n; ++i) {
+    make_request(file, dir, devices[i], sizes[i], file_offs[i], settings, &q, failed);
+    io_batch_submit(static_cast<IoBatch*>(batch), q, first_index + i);
+  }
+  return 0;
+}
+
 // Up to `max` finished transfers (their numbers and results), waiting until min_nr have finished or
 // timeout_us has passed (< 0: no limit); returns how many.
 API_EXPORT int cmt_io_batch_poll(void* batch, int min_nr, int64_t timeout_us, int64_t* indices, IoResult* results,

@@ -11,6 +11,8 @@ namespace {
 
 constexpr int kClasses = 48;                          // power-of-two size classes
 constexpr uint64_t kRemeasureNs = 200'000'000;        // the driver's rate is measured at most this often,
+constexpr uint64_t kRemeasureCloseNs = 20'000'000;    // (staging close to the driver: one measure on a busy
+                                                      // host is noisy, and a short sweep needs a second)
 constexpr double kMeasureShare = 20;                  // and once per this many pass-through copies' time
 constexpr uint32_t kLearnCopies = 3;                  // staged copies before the known rate is trusted
 constexpr uint32_t kProbeFirst = 8;                   // while backed off, one copy in this many is staged,
@@ -73,7 +75,8 @@ Verdict guard_decide(Guarded g, size_t bytes, double driver_gbps) {
   // Measuring passes one copy through: a 1 GiB one costs the driver's 150 ms, so not often.
   const double cost_ns = kMeasureShare * static_cast<double>(bytes) / std::max(driver, 1.0);
   const uint64_t now = monotonic_ns();
-  if (static_cast<double>(now - c.driver_at.load(std::memory_order_relaxed)) <= std::max<double>(kRemeasureNs, cost_ns)) {
+  const uint64_t floor_ns = fell ? kRemeasureNs : kRemeasureCloseNs;
+  if (static_cast<double>(now - c.driver_at.load(std::memory_order_relaxed)) <= std::max<double>(floor_ns, cost_ns)) {
     return Verdict::Stage;
   }
   c.driver_at.store(now, std::memory_order_relaxed);  // one thread measures

@@ -7,8 +7,9 @@
 //   - staged copies keep a moving rate, and the best rate seen;
 //   - once the moving rate falls below half the best, or below the driver's known rate (the plan's
 //     `driver:` figure from `cmt tune`, or the last measurement) by less than kMargin, the driver's
-//     rate is measured by passing one copy through: at most every kRemeasure, and for large copies
-//     no more often than keeps that cost under 5%. A host busy from the process's start never shows
+//     rate is measured by passing one copy through: at most every kRemeasure (kRemeasureClose when
+//     staging is close to the driver), and for large copies no more often than keeps that cost
+//     under 5%. A host busy from the process's start never shows
 //     a fall from a best, hence the known rate; where staging wins clearly nothing is measured;
 //   - staging below the driver's rate backs off: copies pass through (each one measuring the driver
 //     again), and one copy in 8 is staged to see whether staging is faster again (one in 16, 32, ...

@@ -265,8 +265,12 @@ class CmtIo(Xfer):
         if self.Batch is None:
             return super().batch(ops)
         batch, out = self.Batch(), [(0, 0, None)] * len(ops)
-        for slot, off, n in ops:
-            batch.read(self.f, self.buf, n, off, slot * self.slot_bytes)
+        if hasattr(batch, "read_many"):  # one call for all (cuFileBatchIOSubmit's shape)
+            batch.read_many(self.f, self.buf, [n for _, _, n in ops], [off for _, off, _ in ops],
+                            [slot * self.slot_bytes for slot, _, _ in ops])
+        else:
+            for slot, off, n in ops:
+                batch.read(self.f, self.buf, n, off, slot * self.slot_bytes)
         while batch.outstanding:
             for done in batch.poll(1):
                 out[done.index] = (done.nbytes, time.perf_counter_ns(), done.error)

@@ -11,6 +11,7 @@ import ctypes
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,48 @@ class Batch:
               dev_offset: int = 0) -> int:
         """Submits a write (as File.write); returns its index."""
         return self._start(file, True, buf, size, file_offset, dev_offset)
+
+    def read_many(self, file: File, buf: Any, sizes: Any, file_offsets: Any, dev_offsets: Any = 0) -> Sequence[int]:
+        """Submits many reads into one buffer in one call (cuFileBatchIOSubmit's shape): each of
+        sizes, file_offsets and dev_offsets is an int or a sequence with one per read (they broadcast,
+        as numpy's arrays do). Returns their indices. Bad input raises here, before any I/O."""
+        return self._start_many(file, False, buf, sizes, file_offsets, dev_offsets)
+
+    def write_many(self, file: File, buf: Any, sizes: Any, file_offsets: Any, dev_offsets: Any = 0) -> Sequence[int]:
+        """As read_many, for writes."""
+        return self._start_many(file, True, buf, sizes, file_offsets, dev_offsets)
+
+    def _start_many(self, file: File, write: bool, buf: Any, sizes: Any, file_offsets: Any,
+                    dev_offsets: Any) -> Sequence[int]:
+        import numpy as np
+
+        ops = np.broadcast(np.asarray(sizes), np.asarray(file_offsets), np.asarray(dev_offsets))
+        with self._submit_lock:
+            if self._native is None:
+                self._native = _lib.lib().cmt_io_batch_new()
+            first = self._submitted
+            numbers = range(first, first + ops.size)
+            with self._cv:
+                self._native_ops.update(dict.fromkeys(numbers))  # before they can finish
+            finish = None
+            try:
+                finish = file._batch_start_many(self._native, first, write, buf, sizes, file_offsets, dev_offsets)
+            finally:
+                with self._cv:
+                    for i in numbers:
+                        if finish is None:
+                            del self._native_ops[i]
+                        elif i in self._early:  # it finished already, and a poll found it
+                            del self._native_ops[i]
+                            self._finished.append(self._complete(i, finish, self._early.pop(i)))
+                        else:
+                            self._native_ops[i] = finish
+                    if finish is not None:
+                        self._submitted += ops.size
+                        self._cv.notify_all()
+        if finish is not None:
+            return numbers
+        return [self._start(file, write, buf, int(n), int(off), int(dev)) for n, off, dev in ops]  # host memory
 
     def _start(self, file: File, write: bool, buf: Any, size: int | None, file_offset: int | None,
                dev_offset: int) -> int:

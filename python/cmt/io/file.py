@@ -239,6 +239,50 @@ class File:
 
         return finish
 
+    def _batch_start_many(self, native_batch: int, first_index: int, write: bool, buf: Any, sizes: Any,
+                          file_offsets: Any, dev_offsets: Any) -> Callable[[Any], int] | None:
+        """For Batch: starts many transfers between the device buffer `buf` and this file on the
+        native batch in one call, numbered from first_index; each of sizes, file_offsets and
+        dev_offsets is an int or one per transfer. Returns what turns each one's result into bytes (or
+        raises its error), or None if buf is host memory (the caller submits those one by one)."""
+        import numpy as np
+
+        b = buffers.resolve(buf)
+        if not b.device:
+            return None
+        columns = np.broadcast_arrays(*(np.asarray(v, dtype=np.int64) for v in (sizes, file_offsets, dev_offsets)))
+        size, file_off, dev_off = (np.ascontiguousarray(c.ravel()) for c in columns)
+        if (size < 0).any() or (file_off < 0).any() or (dev_off < 0).any():
+            raise ValueError("sizes and offsets cannot be negative")
+        if (dev_off + size > b.nbytes).any():
+            raise ValueError(f"the buffer holds {b.nbytes} bytes: too few for a transfer at its offset")
+        t = self._prepare(write, buf, 0, 0, 0)  # the mode and the file's state; the users count one more
+        n = len(size)
+        with self._lock:
+            self._users += n - 1  # one per transfer: each finishes on its own
+        device = (dev_off + b.ptr).astype(np.uint64)
+        failed = _lib.Result()
+        status = None
+        try:
+            status = _lib.lib().cmt_io_batch_submit_many(
+                native_batch, self._native, int(write), n, device.ctypes.data, size.ctypes.data,
+                file_off.ctypes.data, self._settings_ptr, first_index, ctypes.byref(failed))
+        finally:
+            if status != _lib.OK:  # none started
+                with self._lock:
+                    self._users -= n - 1
+                self._done()
+        if status != _lib.OK:
+            check(failed, self.path, t.verb, b.ptr)
+
+        def finish(result: Any, keep: Any = b.keep) -> int:  # the buffer lives as long as this does
+            try:
+                return check(result, self.path, t.verb, b.ptr)
+            finally:
+                self._done()
+
+        return finish
+
     def _stream(self, t: _Transfer, stream: Any) -> stream_io.StreamFuture:
         try:
             if not t.buf.device:
