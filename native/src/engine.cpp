@@ -213,6 +213,7 @@ std::string Engine::dma_gpu_times() {
 
 CUresult Engine::copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming) {
   InsideCmt inside;  // the lanes' own large memcpy calls are libc's (host_copy.hpp)
+  const uint64_t entered = monotonic_ns();
   const Driver& d = driver();
   if (pool_.forgotten() || !d.ok) return CUDA_ERROR_NOT_READY;
   const Settings& st = req.settings;
@@ -229,9 +230,12 @@ CUresult Engine::copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming) {
     *warming = true;
     return CUDA_ERROR_NOT_READY;
   }
+  const uint64_t waits = monotonic_ns();
   if (!(p = ready(req.ctx))) return CUDA_ERROR_NOT_READY;
   std::unique_lock<std::mutex> held(p->busy);
-  const uint64_t start = monotonic_ns();  // the copy's own time, not its wait for the pipeline
+  // The copy's own time: all of it but its wait for the pipeline (another thread's copy, the setup).
+  // Its checks before (a fresh destination's) count, as the driver's copy counts all of its own.
+  const uint64_t start = monotonic_ns() - (waits - entered);
   // The calling thread works as lane 0; keep it out of other threads' global-mode captures too.
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
   const bool exchanged = d.cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS;

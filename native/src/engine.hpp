@@ -36,7 +36,8 @@ struct CopyRequest {
 // on `stream` waits for the copy. Returns once every source byte was read (HtoD) or every
 // destination byte written (DtoH). Returns CUDA_SUCCESS, a driver error from the pipeline, or
 // CUDA_ERROR_NOT_READY (nothing was copied: resources unavailable; the caller passes through).
-// *ran_ns (if given): how long the copy itself took, from when it had its pipeline.
+// *ran_ns (if given): how long the copy itself took, all but its wait for the pipeline (another
+// thread's copy, the setup): what the rate guard compares with the driver's whole call.
 // A context's first copy starts its pipeline's setup in the background (staging ring, DMA stream,
 // workers). With `warming` given, a copy that finds the setup still running returns
 // CUDA_ERROR_NOT_READY with *warming true (the caller passes it to the driver, which is no slower
