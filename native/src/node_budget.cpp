@@ -20,19 +20,20 @@ namespace cmt {
 namespace {
 
 constexpr int kSlots = 256;
-constexpr uint64_t kMagic = 0x636d742d62756432;  // "cmt-bud2"
+constexpr uint64_t kMagic = 0x636d742d62756433;  // "cmt-bud3"
 
 struct Slot {
   std::atomic<int32_t> pid;         // 0: free
   std::atomic<int32_t> lanes;       // worker lanes this process's copies hold
   std::atomic<int32_t> pinned_mib;  // staging this process pinned
-  int32_t reserved;
+  std::atomic<int32_t> copies;      // its copies (lane runs) in flight
 };
 
 struct Segment {
   std::atomic<uint64_t> magic;
   std::atomic<int32_t> total;         // the sum of the live slots' lanes
   std::atomic<int32_t> pinned_total;  // and of their pinned MiB
+  std::atomic<int32_t> copying;       // the live slots with copies in flight
   Slot slots[kSlots];
 };
 static_assert(std::atomic<int32_t>::is_always_lock_free, "the segment is shared between processes");
@@ -46,7 +47,8 @@ bool gone(int32_t pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; 
 
 Segment* map_segment() {
   char name[64];
-  snprintf(name, sizeof name, "/cmt-budget-%u", static_cast<unsigned>(getuid()));
+  // The layout's version is in the name: processes of another cmt version keep their own budget.
+  snprintf(name, sizeof name, "/cmt-budget3-%u", static_cast<unsigned>(getuid()));
   void* p = MAP_FAILED;
   int fd = shm_open(name, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd >= 0) {
@@ -74,6 +76,7 @@ void reclaim(Segment* s) {
     if (lanes) s->total.fetch_sub(lanes, std::memory_order_acq_rel);
     int32_t pinned = slot.pinned_mib.exchange(0, std::memory_order_acq_rel);
     if (pinned) s->pinned_total.fetch_sub(pinned, std::memory_order_acq_rel);
+    if (slot.copies.exchange(0, std::memory_order_acq_rel) > 0) s->copying.fetch_sub(1, std::memory_order_acq_rel);
     int32_t expected = pid;
     slot.pid.compare_exchange_strong(expected, 0, std::memory_order_acq_rel);
   }
@@ -94,6 +97,7 @@ Slot* mine() {
     if (slot.pid.compare_exchange_strong(free, pid, std::memory_order_acq_rel)) {
       slot.lanes.store(0, std::memory_order_relaxed);
       slot.pinned_mib.store(0, std::memory_order_relaxed);
+      slot.copies.store(0, std::memory_order_relaxed);
       g_mine = &slot;
       return g_mine;
     }
@@ -151,8 +155,28 @@ int node_budget() {
   return budget;
 }
 
-int take_lanes(int wanted) { return take(&Segment::total, &Slot::lanes, node_budget(), wanted, false); }
-void give_lanes(int taken) { give(&Segment::total, &Slot::lanes, taken); }
+// A copy takes at most a fair share: the budget over the processes copying now, this one included.
+// The lanes a copy holds are not taken back mid-copy, so a process that starts copying while others
+// hold most of the budget gets what is left, and its share from the others' next copies on
+// (`cmt bench load`, H100 2026-12-05: four processes copying 1 GiB each got 0.37-1.73 of an equal
+// share, first come first served, and together no more than plain copies).
+int take_lanes(int wanted) {
+  Slot* slot = mine();
+  int share = wanted;
+  if (slot) {
+    if (slot->copies.fetch_add(1, std::memory_order_acq_rel) == 0) g_segment->copying.fetch_add(1, std::memory_order_acq_rel);
+    const int copying = std::max(1, static_cast<int>(g_segment->copying.load(std::memory_order_acquire)));
+    share = std::min(wanted, (node_budget() + copying - 1) / copying);
+  }
+  return take(&Segment::total, &Slot::lanes, node_budget(), share, false);
+}
+
+void give_lanes(int taken) {
+  give(&Segment::total, &Slot::lanes, taken);
+  if (g_mine && g_pid == static_cast<int>(getpid()) && g_mine->copies.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    g_segment->copying.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
 int node_lanes_in_use() { return in_use(&Segment::total); }
 
 long node_pinned_budget_mib() {

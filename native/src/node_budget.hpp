@@ -1,12 +1,13 @@
 // The node's budgets of copy threads and of pinned staging memory, shared by every process of one
-// user on the machine through a small shared-memory segment (/dev/shm/cmt-budget-<uid>): `torchrun`,
+// user on the machine through a small shared-memory segment (/dev/shm/cmt-budget3-<uid>): `torchrun`,
 // vLLM and Ray start a process per GPU, and each would otherwise start as many copy threads as the
 // machine has CPUs and pin its own staging rings.
 //
 // Each process counts the worker lanes its copies hold, and the staging it pinned, in a slot of its
-// own, and the segment keeps the totals; a copy takes what the budget leaves (its calling thread
-// always works: it is the program's own), and a staging ring that the budget cannot hold is not
-// made (its copies go to the driver). No broker: a process that ended, however it ended, is found
+// own, and the segment keeps the totals; a copy takes what the budget leaves, up to a fair share
+// (the budget over the processes copying at that moment), and its calling thread always works (it
+// is the program's own); a staging ring that the budget cannot hold is not made (its copies go to
+// the driver). No broker: a process that ended, however it ended, is found
 // by its pid being gone, and its share is given back. The budgets are the usable CPUs (or
 // CMT_NODE_THREADS) and a quarter of the memory (or CMT_NODE_PINNED_MB). Without shared memory they
 // are this process's alone.
