@@ -76,7 +76,6 @@ bool load_driver(bool load_if_absent) {
   d.cuEventElapsedTime = reinterpret_cast<PFN_cuEventElapsedTime>(real_dlsym(h, "cuEventElapsedTime"));
   d.cuLaunchHostFunc = reinterpret_cast<PFN_cuLaunchHostFunc>(real_dlsym(h, "cuLaunchHostFunc"));
   d.cuStreamWaitValue32 = reinterpret_cast<PFN_cuStreamWaitValue32_v2>(real_dlsym(h, "cuStreamWaitValue32_v2"));
-  d.cuStreamWriteValue32 = reinterpret_cast<PFN_cuStreamWriteValue32_v2>(real_dlsym(h, "cuStreamWriteValue32_v2"));
   d.cuStreamBatchMemOp = reinterpret_cast<PFN_cuStreamBatchMemOp_v2>(real_dlsym(h, "cuStreamBatchMemOp_v2"));
   d.cuMemHostGetDevicePointer =
       reinterpret_cast<PFN_cuMemHostGetDevicePointer_v2>(real_dlsym(h, "cuMemHostGetDevicePointer_v2"));

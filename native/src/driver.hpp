@@ -25,7 +25,6 @@ typedef void (*CUhostFn)(void*);
 typedef CUresult (*PFN_cuLaunchHostFunc)(CUstream, CUhostFn, void*);
 typedef CUresult (*PFN_cuCtxSynchronize)(void);
 typedef CUresult (*PFN_cuStreamWaitValue32_v2)(CUstream, CUdeviceptr, unsigned int, unsigned int);
-typedef CUresult (*PFN_cuStreamWriteValue32_v2)(CUstream, CUdeviceptr, unsigned int, unsigned int);
 typedef CUresult (*PFN_cuMemHostGetDevicePointer_v2)(CUdeviceptr*, void*, unsigned int);
 // CUstreamBatchMemOpParams: one operation of cuStreamBatchMemOp, a 48-byte union tagged by its first
 // field. cmt uses only 32-bit waits and writes, whose fields are laid out alike.
@@ -82,7 +81,6 @@ struct Driver {
   // call waits for the stream and transfers synchronously; stream_pipeline.hpp).
   PFN_cuLaunchHostFunc cuLaunchHostFunc = nullptr;
   PFN_cuStreamWaitValue32_v2 cuStreamWaitValue32 = nullptr;
-  PFN_cuStreamWriteValue32_v2 cuStreamWriteValue32 = nullptr;
   PFN_cuStreamBatchMemOp_v2 cuStreamBatchMemOp = nullptr;
   PFN_cuMemHostGetDevicePointer_v2 cuMemHostGetDevicePointer = nullptr;
   // Optional: settling a context after a failed copy from a mapped file (mapped_copy.cpp).

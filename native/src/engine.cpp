@@ -4,6 +4,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -57,8 +58,7 @@ struct Pipeline {
   // What the setup sizes the ring and workers for: the largest rule in force, or the settings of the
   // copy that made the pipeline (CopyRequest::setup_for_these: a cmt.io transfer, which waits for
   // the setup). Pinning costs milliseconds per 16 MiB; the H200 plan's largest asks for 144 MiB.
-  bool for_first = false;
-  Settings first;
+  std::optional<Settings> first;
   std::mutex setup_mutex;
   std::condition_variable setup_done;
   std::mutex busy;  // held by the copy running on it
@@ -85,7 +85,7 @@ class Engine {
   static void lane(void* job, int index);
   // The context's pipeline, made on first use with its setup started in the background; nullptr if
   // the pool can take no more.
-  // `first`: what the setup is for, if not the plan (Pipeline::for_first).
+  // `first`: what the setup is for, if not the plan (Pipeline::first).
   Pipeline* find(CUcontext ctx, const Settings* first = nullptr);
   // find(), then waits for the setup; nullptr if it failed.
   Pipeline* ready(CUcontext ctx);
@@ -114,10 +114,7 @@ Pipeline* Engine::find(CUcontext ctx, const Settings* first) {
   }
   auto* p = new Pipeline();
   p->ctx = ctx;
-  if (first) {
-    p->for_first = true;
-    p->first = *first;
-  }
+  if (first) p->first = *first;
   if (!pool_.add(&p->run)) {
     delete p;
     return nullptr;
@@ -139,7 +136,7 @@ void Engine::prepare(Pipeline* p) {
     if (d.cuCtxGetDevice(&dev) == CUDA_SUCCESS) p->place = numa_place_for(dev);
     numa_move_setup_thread(p->place);  // before the ring: its pinned pages come from the GPU's node
     if (p->place.placed()) p->run.place = &p->place;
-    const Settings most = p->for_first ? p->first : active_plan().largest();
+    const Settings most = p->first ? *p->first : active_plan().largest();
     // Short of pinned memory (the node's budget), the ring keeps what it got: copies use fewer slots.
     ContextResources* res = nullptr;
     ok = fit(p, p->ctx, buffers_of(most), chunk_of(most), &res) > 0;  // no copy runs before it is Ready

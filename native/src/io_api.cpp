@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <vector>
 
 #include "file_end.hpp"
 #include "file_transfer.hpp"
@@ -147,24 +148,7 @@ API_EXPORT void cmt_io_release(void* op) {
 // complete out of order.
 API_EXPORT void* cmt_io_batch_new() { return io_batch_new(); }
 
-// Starts a transfer of the batch, numbered `index`; 0, or the status of a bad request (nothing
-// started, *failed says why).
-API_EXPORT int cmt_io_batch_submit(void* batch, void* file, int write, CUdeviceptr device, uint64_t bytes,
-                                   int64_t file_off, const Settings* settings, int64_t index, IoResult* failed) {
-  IoRequest q;
-  if (!batch) {
-    *failed = bad_request(EINVAL);
-    return failed->status;
-  }
-  if (!make_request(file, write ? Direction::DtoH : Direction::HtoD, device, bytes, file_off, settings, &q, failed)) {
-    return failed->status;
-  }
-  stream_io_warm();  // the caller's thread, where pinning may wait
-  io_batch_submit(static_cast<IoBatch*>(batch), q, index);
-  return 0;
-}
-
-// Many transfers of one file at once (cuFileBatchIOSubmit's shape), numbered first_index on: n
+// Transfers of one file (cuFileBatchIOSubmit's shape; Batch.read submits one), numbered first_index on: n
 // device addresses, sizes and file offsets. All are checked first: 0 with all started, or the
 // status of the first bad one (none started; *failed says why).
 API_EXPORT int cmt_io_batch_submit_many(void* batch, void* file, int write, int64_t n, const uint64_t* devices,
@@ -175,15 +159,12 @@ API_EXPORT int cmt_io_batch_submit_many(void* batch, void* file, int write, int6
     return failed->status;
   }
   const Direction dir = write ? Direction::DtoH : Direction::HtoD;
-  IoRequest q;
+  std::vector<IoRequest> reqs(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
-    if (!make_request(file, dir, devices[i], sizes[i], file_offs[i], settings, &q, failed)) return failed->status;
+    if (!make_request(file, dir, devices[i], sizes[i], file_offs[i], settings, &reqs[i], failed)) return failed->status;
   }
   stream_io_warm();  // the caller's thread, where pinning may wait
-  for (int64_t i = 0; i < n; ++i) {
-    make_request(file, dir, devices[i], sizes[i], file_offs[i], settings, &q, failed);
-    io_batch_submit(static_cast<IoBatch*>(batch), q, first_index + i);
-  }
+  for (int64_t i = 0; i < n; ++i) io_batch_submit(static_cast<IoBatch*>(batch), reqs[i], first_index + i);
   return 0;
 }
 

@@ -105,7 +105,7 @@ class StreamPipeline {
     return ring_.count() > 0;  // short of pinned memory, what it has
   }
 
-  CUresult queue(PipelineTransfer* t, CUstream stream, void (*reached)(void*), void* arg);
+  CUresult queue(PipelineTransfer* t, const StreamGeometry& want, CUstream stream, void (*reached)(void*), void* arg);
   // One of the two things `t` waits for happened (its host function ran, its DMAs were queued).
   void awaited(PipelineTransfer* t) {
     if (t->awaited.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
@@ -134,11 +134,11 @@ class StreamPipeline {
   std::deque<PipelineTransfer*> queue_;
 };
 
-CUresult StreamPipeline::queue(PipelineTransfer* t, CUstream stream, void (*reached_fn)(void*), void* arg) {
+CUresult StreamPipeline::queue(PipelineTransfer* t, const StreamGeometry& want, CUstream stream,
+                               void (*reached_fn)(void*), void* arg) {
   const Driver& d = driver();
   const IoRequest& q = t->req;
   // The plan on the staging there is (a busy pipeline's cannot change).
-  const StreamGeometry want = stream_geometry(q);
   const size_t chunk = std::min(want.block, ring_.slot_bytes());
   const int threads = static_cast<int>(std::clamp<int64_t>(q.settings.threads, 1, kMaxThreads));
   t->plan = cut_transfer(q.dir, q.bytes, chunk, threads, env().test_piece);
@@ -266,9 +266,8 @@ namespace {
 std::mutex g_pipelines_mutex;
 std::vector<StreamPipeline*> g_pipelines;  // never freed: host functions and lanes may name them
 
-StreamPipeline* pipeline_for(CUcontext ctx, const PipelineTransfer& t) {
+StreamPipeline* pipeline_for(CUcontext ctx, const PipelineTransfer& t, const StreamGeometry& want) {
   const bool small = t.req.bytes <= kSmallIoBytes;
-  const StreamGeometry want = stream_geometry(t.req);
   const pid_t pid = getpid();
   StreamPipeline* shortest = nullptr;
   size_t shortest_queue = ~size_t(0);
@@ -305,8 +304,9 @@ bool stream_pipelines_usable() {
 
 CUresult stream_pipeline_queue(CUcontext ctx, PipelineTransfer* t, CUstream stream, void (*reached)(void*), void* arg) {
   std::lock_guard<std::mutex> lock(g_pipelines_mutex);
-  StreamPipeline* p = pipeline_for(ctx, *t);
-  return p ? p->queue(t, stream, reached, arg) : CUDA_ERROR_NOT_READY;
+  const StreamGeometry want = stream_geometry(t->req);
+  StreamPipeline* p = pipeline_for(ctx, *t, want);
+  return p ? p->queue(t, want, stream, reached, arg) : CUDA_ERROR_NOT_READY;
 }
 
 void stream_pipeline_reached(PipelineTransfer* t) { t->pipeline->awaited(t); }

@@ -52,7 +52,6 @@ def lib() -> ctypes.CDLL:
         "cmt_io_resident_fraction": ([c_int, c_uint64, c_uint64], c_double),
         "cmt_io_small_bytes": ([], c_uint64),
         "cmt_io_batch_new": ([], c_void_p),
-        "cmt_io_batch_submit": ([c_void_p, c_void_p, c_int, c_uint64, c_uint64, c_int64, c_void_p, c_int64, _R], c_int),
         "cmt_io_batch_submit_many": ([c_void_p, c_void_p, c_int, c_int64, c_void_p, c_void_p, c_void_p, c_void_p,
                                       c_int64, _R], c_int),
         "cmt_io_batch_poll": ([c_void_p, c_int, c_int64, POINTER(c_int64), _R, c_int], c_int),

@@ -85,60 +85,48 @@ class Batch:
         import numpy as np
 
         ops = np.broadcast(np.asarray(sizes), np.asarray(file_offsets), np.asarray(dev_offsets))
-        with self._submit_lock:
-            if self._native is None:
-                self._native = _lib.lib().cmt_io_batch_new()
-            first = self._submitted
-            numbers = range(first, first + ops.size)
-            with self._cv:
-                self._native_ops.update(dict.fromkeys(numbers))  # before they can finish
-            finish = None
-            try:
-                finish = file._batch_start_many(self._native, first, write, buf, sizes, file_offsets, dev_offsets)
-            finally:
-                with self._cv:
-                    for i in numbers:
-                        if finish is None:
-                            del self._native_ops[i]
-                        elif i in self._early:  # it finished already, and a poll found it
-                            del self._native_ops[i]
-                            self._finished.append(self._complete(i, finish, self._early.pop(i)))
-                        else:
-                            self._native_ops[i] = finish
-                    if finish is not None:
-                        self._submitted += ops.size
-                        self._cv.notify_all()
-        if finish is not None:
+        started, numbers = self._submit(ops.size, lambda first: file._batch_start_many(
+            self._native, first, write, buf, sizes, file_offsets, dev_offsets))
+        if started is not None:
             return numbers
         return [self._start(file, write, buf, int(n), int(off), int(dev)) for n, off, dev in ops]  # host memory
 
     def _start(self, file: File, write: bool, buf: Any, size: int | None, file_offset: int | None,
                dev_offset: int) -> int:
+        _, numbers = self._submit(1, lambda index: file._batch_start(
+            self._native, index, write, buf, size, file_offset, dev_offset))
+        return numbers[0]
+
+    def _submit(self, count: int, start: Any) -> tuple[Any, range]:
+        """Numbers `count` ops and starts them with start(first number), which returns the finisher of
+        native ops, one op's IOFuture (host memory), or None (nothing started: the caller's turn)."""
         with self._submit_lock:
             if self._native is None:
                 self._native = _lib.lib().cmt_io_batch_new()
-            index = self._submitted
+            first = self._submitted
+            numbers = range(first, first + count)
             with self._cv:
-                self._native_ops[index] = None  # before it can finish
+                self._native_ops.update(dict.fromkeys(numbers))  # before they can finish
+            started = None
             try:
-                started = file._batch_start(self._native, index, write, buf, size, file_offset, dev_offset)
-            except BaseException:
+                started = start(first)
+            finally:
                 with self._cv:
-                    del self._native_ops[index]
-                raise
-            with self._cv:
-                self._submitted += 1
-                if isinstance(started, IOFuture):
-                    del self._native_ops[index]
-                elif index in self._early:  # it finished already, and a poll found it
-                    del self._native_ops[index]
-                    self._finished.append(self._complete(index, started, self._early.pop(index)))
-                    self._cv.notify_all()
-                else:
-                    self._native_ops[index] = started
+                    native = started is not None and not isinstance(started, IOFuture)
+                    for i in numbers:
+                        if not native:
+                            del self._native_ops[i]
+                        elif i in self._early:  # it finished already, and a poll found it
+                            del self._native_ops[i]
+                            self._finished.append(self._complete(i, started, self._early.pop(i)))
+                        else:
+                            self._native_ops[i] = started
+                    if started is not None:
+                        self._submitted += count
+                        self._cv.notify_all()
         if isinstance(started, IOFuture):
-            started.add_done_callback(lambda f: self._finish_future(index, f))
-        return index
+            started.add_done_callback(lambda f: self._finish_future(first, f))
+        return started, numbers
 
     def _finish_future(self, index: int, future: IOFuture) -> None:
         error = future.exception()

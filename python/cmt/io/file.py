@@ -34,6 +34,11 @@ _MODES = {
 }
 
 
+def _address(array: Any) -> int:
+    """Where a ctypes array's or a numpy array's items lie."""
+    return ctypes.addressof(array) if isinstance(array, ctypes.Array) else array.ctypes.data
+
+
 @dataclass(frozen=True)
 class _Transfer:
     write: bool
@@ -220,24 +225,7 @@ class File:
         t = self._prepare(write, buf, size, file_offset, dev_offset)
         if not t.buf.device or t.size == 0:
             return self._future(t)
-        ptr, failed = t.buf.ptr + t.dev_offset, _lib.Result()
-        try:
-            status = _lib.lib().cmt_io_batch_submit(native_batch, self._native, int(t.write), ptr, t.size,
-                                                    t.file_offset, self._settings_ptr,
-                                                    index, ctypes.byref(failed))
-        except BaseException:
-            self._done()
-            raise
-        if status != _lib.OK:
-            self._done()
-            check(failed, self.path, t.verb, ptr)
-        def finish(result: Any, keep: Any = t.buf.keep) -> int:  # the buffer lives as long as this does
-            try:
-                return check(result, self.path, t.verb, ptr)
-            finally:
-                self._done()
-
-        return finish
+        return self._batch_submit(native_batch, index, write, t.buf, t.size, t.file_offset, t.dev_offset)
 
     def _batch_start_many(self, native_batch: int, first_index: int, write: bool, buf: Any, sizes: Any,
                           file_offsets: Any, dev_offsets: Any) -> Callable[[Any], int] | None:
@@ -245,39 +233,53 @@ class File:
         native batch in one call, numbered from first_index; each of sizes, file_offsets and
         dev_offsets is an int or one per transfer. Returns what turns each one's result into bytes (or
         raises its error), or None if buf is host memory (the caller submits those one by one)."""
-        import numpy as np
-
         b = buffers.resolve(buf)
         if not b.device:
             return None
-        columns = np.broadcast_arrays(*(np.asarray(v, dtype=np.int64) for v in (sizes, file_offsets, dev_offsets)))
-        size, file_off, dev_off = (np.ascontiguousarray(c.ravel()) for c in columns)
-        if (size < 0).any() or (file_off < 0).any() or (dev_off < 0).any():
-            raise ValueError("sizes and offsets cannot be negative")
-        if (dev_off + size > b.nbytes).any():
-            raise ValueError(f"the buffer holds {b.nbytes} bytes: too few for a transfer at its offset")
-        t = self._prepare(write, buf, 0, 0, 0)  # the mode and the file's state; the users count one more
-        n = len(size)
+        self._prepare(write, buf, 0, 0, 0)  # the mode and the file's state; the users count one more
+        return self._batch_submit(native_batch, first_index, write, b, sizes, file_offsets, dev_offsets)
+
+    def _batch_submit(self, native_batch: int, first_index: int, write: bool, b: buffers.Buffer, sizes: Any,
+                      file_offsets: Any, dev_offsets: Any) -> Callable[[Any], int]:
+        """The native submission of _batch_start (one transfer, ints that _prepare checked) and
+        _batch_start_many (ints or sequences, checked here), once _prepare counted one user: one per
+        transfer from here, each given back as it finishes; all of them if none starts."""
+        import numpy as np
+
+        if all(isinstance(v, int) for v in (sizes, file_offsets, dev_offsets)):  # Batch.read: no numpy, 10 us less
+            size, file_off = (ctypes.c_int64 * 1)(sizes), (ctypes.c_int64 * 1)(file_offsets)
+            device = (ctypes.c_uint64 * 1)(b.ptr + max(dev_offsets, 0))
+            negative = min(sizes, file_offsets, dev_offsets) < 0
+            too_far = dev_offsets + sizes > b.nbytes
+        else:
+            columns = np.broadcast_arrays(*(np.asarray(v, dtype=np.int64) for v in (sizes, file_offsets, dev_offsets)))
+            size, file_off, dev_off = (np.ascontiguousarray(c.ravel()) for c in columns)
+            device = (dev_off + b.ptr).astype(np.uint64)
+            negative = bool((size < 0).any() or (file_off < 0).any() or (dev_off < 0).any())
+            too_far = bool((dev_off + size > b.nbytes).any())
+        n, status, failed = len(size), None, _lib.Result()
         with self._lock:
-            self._users += n - 1  # one per transfer: each finishes on its own
-        device = (dev_off + b.ptr).astype(np.uint64)
-        failed = _lib.Result()
-        status = None
+            self._users += n - 1
         try:
+            if negative:
+                raise ValueError("sizes and offsets cannot be negative")
+            if too_far:
+                raise ValueError(f"the buffer holds {b.nbytes} bytes: too few for a transfer at its offset")
             status = _lib.lib().cmt_io_batch_submit_many(
-                native_batch, self._native, int(write), n, device.ctypes.data, size.ctypes.data,
-                file_off.ctypes.data, self._settings_ptr, first_index, ctypes.byref(failed))
+                native_batch, self._native, int(write), n, _address(device), _address(size), _address(file_off),
+                self._settings_ptr, first_index, ctypes.byref(failed))
         finally:
             if status != _lib.OK:  # none started
                 with self._lock:
                     self._users -= n - 1
                 self._done()
+        verb = "writing" if write else "reading"
         if status != _lib.OK:
-            check(failed, self.path, t.verb, b.ptr)
+            check(failed, self.path, verb, b.ptr)
 
         def finish(result: Any, keep: Any = b.keep) -> int:  # the buffer lives as long as this does
             try:
-                return check(result, self.path, t.verb, b.ptr)
+                return check(result, self.path, verb, b.ptr)
             finally:
                 self._done()
 
