@@ -26,8 +26,9 @@ os.environ.setdefault("CMT_NODE_THREADS", "64")
 # copy once and check that it was staged, so their copies wait for the setup (tests of the setup
 # itself clear this). And they stage what the plan says: the rate guard, which may find staging
 # slower than the stand-in's pageable copies (the built-in plan's driver rates are the H200's), has
-# tests of its own, which set their hooks.
-os.environ.setdefault("CMT_TEST_HOOKS", "guard=0,wait_setup=1")
+# tests of its own, which set their hooks. Nor do they leave CPUs to other programs (the host that
+# runs them is busy with other tests): the tests of that measure it.
+os.environ.setdefault("CMT_TEST_HOOKS", "guard=0,wait_setup=1,busy_cpus=0")
 from fake_cuda.build import build_fake_driver  # noqa: E402
 
 

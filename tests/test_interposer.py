@@ -8,6 +8,9 @@ test also checks what cmt did (accelerated, or passed through for the right reas
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -351,6 +354,21 @@ def test_the_plans_driver_rate_lets_a_host_busy_from_the_start_back_off(fake_dri
         assert r["stats"] == {"h2d": {"accelerated": 16}, "d2h": {"accelerated": 16}}, r
 
 
+def test_the_drivers_slow_first_copy_is_measured_again(fake_driver_dir):
+    """A real driver's first pageable copy of a process also sets up its own staging: the rate the
+    guard measures on it is far too low, and staging would never look close to the driver again. So
+    the guard measures a second time at once, and backs off where staging loses."""
+    s = CopyServer(fake_driver_dir, CMT_STATS="1", CMT_TEST_HOOKS="wait_setup=1,busy_cpus=0",
+                   FAKE_CUDA_FIRST_PAGEABLE_US="300000",
+                   CMT_PLAN=";".join(f"{d}:1048576=threads:2,buffers:4,chunk_bytes:1048576|driver:1000"
+                                     for d in ("h2d", "d2h")))
+    r = s("timed_copies", pinned_gbps=0.05, pageable_gbps=2, size=4 * MIB, count=16)
+    s.close()
+    assert r["ok_bytes"]
+    assert r["events"]["backed_off"] == 2, r  # the direction whose first measurement was slow too
+    assert all(r["stats"][d]["backed_off"] >= 8 for d in ("h2d", "d2h")), r
+
+
 # ---- the node's budget of copy threads ------------------------------------------------------------
 
 def test_processes_share_the_nodes_budget_and_a_killed_ones_lanes_come_back(fake_driver_dir):
@@ -394,6 +412,41 @@ def test_a_process_that_copies_while_another_does_gets_a_fair_share_from_the_nex
         for server in (a, b):
             server.proc.kill()
             server.proc.wait(timeout=30)
+
+
+def test_a_copy_leaves_the_cpus_that_other_programs_keep_busy(fake_driver_dir):
+    """A budget of 8 with 5 CPUs kept busy by other programs (the test hook stands in for what
+    /proc/stat shows): a copy that asks for 8 lanes gets its caller and 2 workers, the 3 CPUs left."""
+    env = {"CMT_NODE_THREADS": "8", "FAKE_CUDA_COPY_GBPS": "0.02", "CMT_TEST_HOOKS": "guard=0,wait_setup=1,busy_cpus=5",
+           "CMT_PLAN": ";".join(f"{d}:1=threads:8,buffers:2,chunk_bytes:1048576" for d in ("h2d", "d2h"))}
+    s = CopyServer(fake_driver_dir, **env)
+    try:
+        before = s("node_lanes")
+        assert before["others_busy"] == 5
+        s("hold", size=16 * MIB)
+        assert s("node_lanes")["in_use"] == before["in_use"] + 2
+    finally:
+        s.proc.kill()
+        s.proc.wait(timeout=30)
+
+
+def test_the_cpus_that_other_programs_keep_busy_are_measured(fake_driver_dir):
+    """Two CPU-burning processes: the engine's measure (/proc/stat less its own CPU time) sees at
+    least one CPU kept busy by others."""
+    s = CopyServer(fake_driver_dir, CMT_TEST_HOOKS="guard=0,wait_setup=1")
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        s("node_lanes")  # a first sample
+        time.sleep(0.3)
+        s("node_lanes")
+        time.sleep(0.3)
+        busy = s("node_lanes")["others_busy"]
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait(timeout=30)
+        s.close()
+    assert busy >= 1.0, busy
 
 
 def test_processes_share_the_nodes_pinned_staging_and_a_killed_ones_comes_back(fake_driver_dir):

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "copy_path.hpp"
+#include "cpu_load.hpp"
 #include "driver.hpp"
 #include "engine.hpp"
 #include "host_copy.hpp"
@@ -107,6 +108,8 @@ API_EXPORT int cmt_settings_schema(char* buf, size_t len) { return copy_string(s
 // (node_budget.hpp).
 API_EXPORT int cmt_node_budget() { return node_budget(); }
 API_EXPORT int cmt_node_lanes_in_use() { return node_lanes_in_use(); }
+// The CPUs other programs kept busy lately, which copies leave to them (cpu_load.hpp).
+API_EXPORT double cmt_others_busy_cpus() { return others_busy_cpus(); }
 // The node's budget of pinned staging and what all live processes of this user pinned, in MiB.
 API_EXPORT long cmt_node_pinned_budget_mib() { return node_pinned_budget_mib(); }
 API_EXPORT long cmt_node_pinned_in_use_mib() { return node_pinned_in_use_mib(); }

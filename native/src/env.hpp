@@ -27,6 +27,7 @@ struct Env {
   // CMT_TEST_HOOKS (internal, for the tests alone): "piece=BYTES,late_start_us=US,guard=0,wait_setup=1,park_..."
   size_t test_piece = 0;       // every piece of CPU work this many bytes (many pieces in small copies)
   long test_late_start_us = 0;  // every worker starts each copy this late, as a descheduled one would
+  long test_busy_cpus = -1;     // busy_cpus=N: other programs keep N CPUs busy (cpu_load.hpp); -1 measure
   bool test_guard = true;       // guard=0: the rate guard never passes a copy through (tests of the engine)
   bool test_wait_setup = false;  // wait_setup=1: copies wait for their pipeline's setup (one copy is staged)
   // park_piece=N,park_us=US[,park_before=1]: the lane that first claims piece N in this process

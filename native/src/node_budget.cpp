@@ -8,10 +8,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <mutex>
 
+#include "cpu_load.hpp"
 #include "env.hpp"
 #include "log.hpp"
 #include "prefault.hpp"
@@ -162,11 +164,18 @@ int node_budget() {
 // share, first come first served, and together no more than plain copies).
 int take_lanes(int wanted) {
   Slot* slot = mine();
-  int share = wanted;
+  // The CPUs other programs keep busy (cpu_load.hpp), less the lanes other cmt processes hold (they
+  // are shared out below).
+  double others = others_busy_cpus();
+  if (slot) others -= g_segment->total.load(std::memory_order_acquire) - slot->lanes.load(std::memory_order_acquire);
+  const int busy = static_cast<int>(std::lround(std::max(0.0, others)));
+  // On a busy host, only the CPUs left, the caller's own among them.
+  const int cpus = busy > 0 ? std::max(1, node_budget() - busy - 1) : node_budget();
+  int share = std::min(wanted, cpus);
   if (slot) {
     if (slot->copies.fetch_add(1, std::memory_order_acq_rel) == 0) g_segment->copying.fetch_add(1, std::memory_order_acq_rel);
     const int copying = std::max(1, static_cast<int>(g_segment->copying.load(std::memory_order_acquire)));
-    share = std::min(wanted, (node_budget() + copying - 1) / copying);
+    share = std::min(wanted, (cpus + copying - 1) / copying);
   }
   return take(&Segment::total, &Slot::lanes, node_budget(), share, false);
 }

@@ -5,8 +5,8 @@
 //
 // Each process counts the worker lanes its copies hold, and the staging it pinned, in a slot of its
 // own, and the segment keeps the totals; a copy takes what the budget leaves, up to a fair share
-// (the budget over the processes copying at that moment), and its calling thread always works (it
-// is the program's own); a staging ring that the budget cannot hold is not made (its copies go to
+// (the budget over the processes copying at that moment; on a busy host, the CPUs that other
+// programs leave, cpu_load.hpp), and its calling thread always works (it is the program's own); a staging ring that the budget cannot hold is not made (its copies go to
 // the driver). No broker: a process that ended, however it ended, is found
 // by its pid being gone, and its share is given back. The budgets are the usable CPUs (or
 // CMT_NODE_THREADS) and a quarter of the memory (or CMT_NODE_PINNED_MB). Without shared memory they

@@ -278,6 +278,10 @@ struct Global {
   std::atomic<double> copy_gbps{0}, pageable_gbps{0};  // set at init, or by fakecuda_set_copy_gbps
   bool no_stream_memops = false;  // FAKE_CUDA_NO_STREAM_MEMOPS=1: a device that cannot wait on memory
   double host_alloc_us = 0;  // FAKE_CUDA_HOST_ALLOC_US: pinning takes time (a real driver's: ms)
+  // FAKE_CUDA_FIRST_PAGEABLE_US: a real driver's first pageable copy of a process also sets up its
+  // own staging; here it takes this much longer.
+  double first_pageable_us = 0;
+  std::atomic<bool> pageable_copied{false};
   uintptr_t va_base = 0;
   size_t va_len = 0;
   std::mutex dev_mu;  // devices' VA lists + retain counts
@@ -369,6 +373,7 @@ void do_init() {
   const char* memops = getenv("FAKE_CUDA_NO_STREAM_MEMOPS");
   g.no_stream_memops = memops && *memops && strcmp(memops, "0") != 0;
   g.host_alloc_us = env_double("FAKE_CUDA_HOST_ALLOC_US");
+  g.first_pageable_us = env_double("FAKE_CUDA_FIRST_PAGEABLE_US");
   if (n == 0) {
     g.init_result = CUDA_ERROR_NO_DEVICE;
     return;
@@ -710,6 +715,9 @@ CUresult need_ctx(Context** out) {
 void throttle(Clock::time_point start, size_t n, bool pageable) {
   Global& g = G();
   double gbps = (pageable && g.pageable_gbps > 0) ? g.pageable_gbps : g.copy_gbps;
+  if (pageable && g.first_pageable_us > 0 && !g.pageable_copied.exchange(true)) {
+    std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(g.first_pageable_us)));
+  }
   if (gbps <= 0) return;
   auto dur = std::chrono::nanoseconds(static_cast<int64_t>(static_cast<double>(n) / gbps));
   std::this_thread::sleep_until(start + dur);

@@ -399,8 +399,10 @@ def node_lanes(_req: dict) -> dict:
     """The node's budgets of copy threads and pinned staging (MiB), and what all this user's processes
     hold of them now."""
     _cmt.cmt_node_pinned_budget_mib.restype = _cmt.cmt_node_pinned_in_use_mib.restype = ctypes.c_long
+    _cmt.cmt_others_busy_cpus.restype = ctypes.c_double
     return {"budget": _cmt.cmt_node_budget(), "in_use": _cmt.cmt_node_lanes_in_use(),
-            "pinned_budget": _cmt.cmt_node_pinned_budget_mib(), "pinned_in_use": _cmt.cmt_node_pinned_in_use_mib()}
+            "pinned_budget": _cmt.cmt_node_pinned_budget_mib(), "pinned_in_use": _cmt.cmt_node_pinned_in_use_mib(),
+            "others_busy": _cmt.cmt_others_busy_cpus()}
 
 
 def threads(_req: dict) -> dict:
