@@ -111,7 +111,7 @@ Outcome decide_and_copy(const CopyCall& call, CUresult* result, HostKind* kind) 
   if (call.dir == Direction::HtoD && !call.forced) {
     CopyRequest req{call.dir, ctx, call.host, call.device, call.bytes, stream, settings};
     Outcome o = Outcome::FromFile;
-    if (copy_from_mapping(req, !env().test_wait_setup, result, &o)) return o;
+    if (copy_from_mapping(req, result, &o)) return o;
   }
 
   // Never slower than the driver: while staging loses on this host, the driver copies (rate_guard.hpp).
@@ -122,13 +122,15 @@ Outcome decide_and_copy(const CopyCall& call, CUresult* result, HostKind* kind) 
   if (guarded && guard_decide(call.dir, call.bytes, driver_gbps) != Verdict::Stage) return Outcome::BackedOff;
 
   // While a GPU's pipeline is being set up (its first copy starts that), the program's copies go to
-  // the driver rather than wait for it. Explicit settings are measured on a ready pipeline.
+  // the driver rather than wait for it, and so do small copies while other threads' copies keep
+  // every pipeline busy. Explicit settings are measured on a ready pipeline.
   CopyRequest req{call.dir, ctx, call.host, call.device, call.bytes, stream, settings};
   uint64_t ran_ns = 0;
-  bool warming = false;
-  const bool pass_while_warming = call.forced == nullptr && !env().test_wait_setup;
-  CUresult r = engine_copy(req, &ran_ns, pass_while_warming ? &warming : nullptr);
-  if (warming) return Outcome::Warming;
+  Pass passed = Pass::No;
+  const bool may_pass = call.forced == nullptr;
+  CUresult r = engine_copy(req, &ran_ns, may_pass ? &passed : nullptr);
+  if (passed == Pass::Warming) return Outcome::Warming;
+  if (passed == Pass::Busy) return Outcome::PipelinesBusy;
   if (r == CUDA_ERROR_NOT_READY) return Outcome::Resources;
   if (guarded && r == CUDA_SUCCESS) guard_staged(call.dir, call.bytes, ran_ns);
   *result = r;

@@ -40,11 +40,18 @@ int fresh_memory_threads() {
 }
 
 // A pipeline carries one copy at a time for one context (GPU): its own staging ring, DMA stream and
-// events, and its place in the lane pool. Copies to different GPUs run at once, each on its own
-// pipeline; all pipelines share one pool of lanes. Copies to one GPU, both directions, take turns:
-// on the H200 host, a pipeline per direction (and per thread) carried 1 GiB each way at once at
-// 45-54 GB/s together, no more than copies taking turns (53.5): staged copies in both directions
-// together are bound by the CPUs' memory bandwidth (docs/engine-findings.md, "Copies at once").
+// events, and its place in the lane pool; all pipelines share one pool of lanes. Copies to
+// different GPUs run at once, each on a pipeline of its own GPU; so do copies from several threads
+// to one GPU, up to kPipelinesPerContext, a pipeline each: one copy's start and end (filling the
+// first block, the last DMAs) overlap another's middle. On the H200 host, 8 threads x 64 MiB with up
+// to four pipelines per GPU and direction reached 45.7 / 48.8 GB/s (h2d / d2h, pinned 55); taking
+// turns on one pipeline, 32.7 / 30.3 on the H100 (pinned 53-55). Both directions at once gain
+// nothing from it (45-54 GB/s against 53.5 taking turns): staged copies in both directions together
+// are bound by the CPUs' memory bandwidth (docs/engine-findings.md, "Copies at once").
+constexpr int kPipelinesPerContext = 4;
+// A copy up to this size that finds every pipeline of its context busy goes to the driver, which
+// does it in well under a millisecond, rather than wait behind a large copy.
+constexpr size_t kPassWhenBusy = 4u << 20;
 
 // A copy's settings as the engine uses them: within the engine's limits.
 size_t chunk_of(const Settings& st) { return std::clamp(static_cast<size_t>(st.chunk_bytes), kMinChunk, kMaxChunk); }
@@ -56,12 +63,14 @@ struct Pipeline {
   CUcontext ctx = nullptr;
   std::atomic<int> state{Preparing};  // set once by the setup thread (Engine::prepare)
   // What the setup sizes the ring and workers for: the largest rule in force, or the settings of the
-  // copy that made the pipeline (CopyRequest::setup_for_these: a cmt.io transfer, which waits for
-  // the setup). Pinning costs milliseconds per 16 MiB; the H200 plan's largest asks for 144 MiB.
+  // copy that made the context's first pipeline (CopyRequest::setup_for_these: a cmt.io transfer,
+  // which waits for the setup). Pinning costs milliseconds per 16 MiB; the H200 plan's largest asks
+  // for 144 MiB.
   std::optional<Settings> first;
-  std::mutex setup_mutex;
-  std::condition_variable setup_done;
-  std::mutex busy;  // held by the copy running on it
+  bool in_use = false;  // a copy runs on it (under Engine::pipelines_mutex_)
+  // Recorded after the DMAs of its host-to-device copies, which return with DMAs still in flight
+  // (under Engine::pipelines_mutex_; nullptr until the first).
+  CUevent tail = nullptr;
   StagingRing ring;
   DmaStreams dma;
   LanePool::Run run;
@@ -71,7 +80,7 @@ struct Pipeline {
 
 class Engine {
  public:
-  CUresult copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming);
+  CUresult copy(const CopyRequest& req, uint64_t* ran_ns, Pass* pass);
   bool add_run(LanePool::Run* run) { return !pool_.forgotten() && pool_.add(run); }
   void run_job(LanePool::Run& run, Job& job, int lanes) {
     InsideCmt inside;
@@ -83,14 +92,18 @@ class Engine {
 
  private:
   static void lane(void* job, int index);
-  // The context's pipeline, made on first use with its setup started in the background; nullptr if
-  // the pool can take no more.
-  // `first`: what the setup is for, if not the plan (Pipeline::first).
-  Pipeline* find(CUcontext ctx, const Settings* first = nullptr);
-  // find(), then waits for the setup; nullptr if it failed.
-  Pipeline* ready(CUcontext ctx);
-  // Under p->busy: the DMA events (*res) and staging for `slots` slots of `chunk` bytes. Returns the
-  // slots the copy can have: fewer when short of pinned memory; 0 if none.
+  // A pipeline of req.ctx for this copy alone (in_use), first come first served; it makes the
+  // context's pipelines as needed, their setup in the background. nullptr: the copy goes to the
+  // driver (*pass says why, when the caller gave `pass`; else no pipeline can be set up).
+  // *tails: the `tail` events of the context's other pipelines (at most kPipelinesPerContext - 1).
+  Pipeline* claim(const CopyRequest& req, Pass* pass, CUevent* tails, int* tail_count);
+  // `tail`: recorded after the copy's DMAs, if they may still be in flight.
+  void release(Pipeline* p, CUevent tail);
+  // A new pipeline for ctx, its setup started in the background; false if the pool takes no more.
+  // Under pipelines_mutex_.
+  bool make(CUcontext ctx, const std::optional<Settings>& first);
+  // Under the copy's claim: the DMA events (*res) and staging for `slots` slots of `chunk` bytes.
+  // Returns the slots the copy can have: fewer when short of pinned memory; 0 if none.
   static int fit(Pipeline* p, CUcontext ctx, int slots, size_t chunk, ContextResources** res);
   // The setup thread: the ring, stream, events and workers for the largest rule in force (or the
   // first copy's settings).
@@ -99,29 +112,99 @@ class Engine {
   std::mutex host_mutex_;  // held by the host copy on host_run_; others take the plain path meanwhile
   LanePool::Run host_run_;
   bool host_run_added_ = false;
-  std::mutex pipelines_mutex_;  // the list of pipelines (never shrinks: copies hold pointers)
+  std::mutex pipelines_mutex_;  // the pipelines (never shrinks: copies hold pointers), who uses them
+  std::condition_variable changed_;  // a pipeline was released or finished its setup
   std::vector<Pipeline*> pipelines_;
+  // Copies waiting for a pipeline, by context and ticket: the earliest of a context goes first.
+  std::vector<std::pair<CUcontext, uint64_t>> waiting_;
+  uint64_t tickets_ = 0;
   LanePool pool_;
   // CMT_TRACE: copies run one at a time, so that the timeline and the DMA times are one copy's.
   std::mutex trace_mutex_;
   Pipeline* traced_ = nullptr;
 };
 
-Pipeline* Engine::find(CUcontext ctx, const Settings* first) {
-  std::lock_guard<std::mutex> lock(pipelines_mutex_);
-  for (Pipeline* q : pipelines_) {
-    if (q->ctx == ctx) return q;
-  }
+bool Engine::make(CUcontext ctx, const std::optional<Settings>& first) {
   auto* p = new Pipeline();
   p->ctx = ctx;
-  if (first) p->first = *first;
+  p->first = first;
   if (!pool_.add(&p->run)) {
     delete p;
-    return nullptr;
+    return false;
   }
   pipelines_.push_back(p);
   std::thread([this, p] { prepare(p); }).detach();
-  return p;
+  return true;
+}
+
+Pipeline* Engine::claim(const CopyRequest& req, Pass* pass, CUevent* tails, int* tail_count) {
+  std::unique_lock<std::mutex> lock(pipelines_mutex_);
+  uint64_t ticket = 0;  // this copy's place in line once it waits
+  auto leave_line = [&] {
+    auto mine = std::find(waiting_.begin(), waiting_.end(), std::make_pair(req.ctx, ticket));
+    if (mine != waiting_.end()) waiting_.erase(mine);
+  };
+  auto first_in_line = [&] {
+    for (const auto& w : waiting_) {
+      if (w.first == req.ctx && (ticket == 0 || w.second < ticket)) return false;
+    }
+    return true;
+  };
+  for (;;) {
+    int made = 0, preparing = 0, ready = 0;
+    Pipeline* free = nullptr;
+    const Pipeline* oldest = nullptr;
+    for (Pipeline* q : pipelines_) {
+      if (q->ctx != req.ctx) continue;
+      ++made;
+      if (!oldest) oldest = q;
+      const int state = q->state.load(std::memory_order_acquire);
+      preparing += state == Pipeline::Preparing;
+      if (state == Pipeline::Ready && ++ready && !q->in_use && !free) free = q;
+    }
+    Pass why = Pass::No;
+    if (made == 0) {
+      std::optional<Settings> first;
+      if (req.setup_for_these) first = req.settings;
+      if (!make(req.ctx, first)) break;
+      continue;
+    }
+    if (ready == 0 && preparing == 0) break;  // every setup failed: the driver copies
+    if (ready == 0) {
+      if (!env().test_wait_setup) why = Pass::Warming;  // (CMT_TEST_HOOKS wait_setup=1: the tests' copies wait)
+    } else if (free && first_in_line()) {
+      leave_line();
+      free->in_use = true;
+      *tail_count = 0;
+      for (Pipeline* q : pipelines_) {
+        if (q->ctx == req.ctx && q != free && q->tail) tails[(*tail_count)++] = q->tail;
+      }
+      if (!waiting_.empty()) changed_.notify_all();  // another pipeline may be free for the next
+      return free;
+    } else if (!free) {
+      // Every pipeline is busy: another one, set up meanwhile, for the next copies that find them so.
+      if (made < kPipelinesPerContext && preparing == 0) make(req.ctx, oldest->first);
+      if (req.bytes <= kPassWhenBusy) why = Pass::Busy;
+    }
+    if (pass && why != Pass::No) {
+      *pass = why;
+      break;
+    }
+    if (ticket == 0) waiting_.emplace_back(req.ctx, ticket = ++tickets_);
+    changed_.wait(lock);
+  }
+  leave_line();
+  changed_.notify_all();  // the next in line may go now
+  return nullptr;
+}
+
+void Engine::release(Pipeline* p, CUevent tail) {
+  {
+    std::lock_guard<std::mutex> lock(pipelines_mutex_);
+    p->in_use = false;
+    if (tail) p->tail = tail;
+  }
+  changed_.notify_all();
 }
 
 void Engine::prepare(Pipeline* p) {
@@ -143,21 +226,11 @@ void Engine::prepare(Pipeline* p) {
     pool_.prestart(threads_of(most) - 1);
   }
   {
-    std::lock_guard<std::mutex> lock(p->setup_mutex);
+    std::lock_guard<std::mutex> lock(pipelines_mutex_);
     p->state.store(ok ? Pipeline::Ready : Pipeline::Failed, std::memory_order_release);
   }
-  p->setup_done.notify_all();
-  if (!ok) log::write(log::Level::Debug, "the staging pipeline could not be set up; copies go to the driver");
-}
-
-Pipeline* Engine::ready(CUcontext ctx) {
-  Pipeline* p = find(ctx);
-  if (!p) return nullptr;
-  if (p->state.load(std::memory_order_acquire) == Pipeline::Preparing) {
-    std::unique_lock<std::mutex> lock(p->setup_mutex);
-    p->setup_done.wait(lock, [p] { return p->state.load(std::memory_order_acquire) != Pipeline::Preparing; });
-  }
-  return p->state.load(std::memory_order_acquire) == Pipeline::Ready ? p : nullptr;
+  changed_.notify_all();
+  if (!ok) log::write(log::Level::Debug, "a staging pipeline could not be set up; copies go to the driver or wait for another");
 }
 
 int Engine::fit(Pipeline* p, CUcontext ctx, int slots, size_t chunk, ContextResources** res) {
@@ -208,7 +281,7 @@ std::string Engine::dma_gpu_times() {
   return traced_ ? traced_->dma.trace_gpu_times(traced_->job.plan.blocks) : std::string();
 }
 
-CUresult Engine::copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming) {
+CUresult Engine::copy(const CopyRequest& req, uint64_t* ran_ns, Pass* pass) {
   InsideCmt inside;  // the lanes' own large memcpy calls are libc's (host_copy.hpp)
   const uint64_t entered = monotonic_ns();
   const Driver& d = driver();
@@ -221,16 +294,18 @@ CUresult Engine::copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming) {
 
   std::unique_lock<std::mutex> traced;
   if (timeline::enabled()) traced = std::unique_lock<std::mutex>(trace_mutex_);
-  Pipeline* p = find(req.ctx, req.setup_for_these ? &st : nullptr);
-  if (!p) return CUDA_ERROR_NOT_READY;
-  if (warming && p->state.load(std::memory_order_acquire) == Pipeline::Preparing) {
-    *warming = true;
-    return CUDA_ERROR_NOT_READY;
-  }
   const uint64_t waits = monotonic_ns();
-  if (!(p = ready(req.ctx))) return CUDA_ERROR_NOT_READY;
-  std::unique_lock<std::mutex> held(p->busy);
-  // The copy's own time: all of it but its wait for the pipeline (another thread's copy, the setup).
+  CUevent tails[kPipelinesPerContext];
+  int tail_count = 0;
+  Pipeline* p = claim(req, pass, tails, &tail_count);
+  if (!p) return CUDA_ERROR_NOT_READY;
+  struct Held {
+    Engine* e;
+    Pipeline* p;
+    CUevent tail = nullptr;
+    ~Held() { e->release(p, tail); }
+  } held{this, p};
+  // The copy's own time: all of it but its wait for a pipeline (other threads' copies, the setup).
   // Its checks before (a fresh destination's) count, as the driver's copy counts all of its own.
   const uint64_t start = monotonic_ns() - (waits - entered);
   // The calling thread works as lane 0; keep it out of other threads' global-mode captures too.
@@ -254,6 +329,13 @@ CUresult Engine::copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming) {
   ContextResources* res = nullptr;
   const int slots = fit(p, req.ctx, static_cast<int>(std::min<size_t>(buffers_of(st), j.plan.blocks)), chunk, &res);
   if (slots < 1) return CUDA_ERROR_NOT_READY;
+  // Staged copies to one GPU keep the order they had from the caller's view, as on one pipeline:
+  // this copy's DMAs follow those still in flight of copies that returned before (another thread's
+  // copy on another stream may depend on them without saying so: the driver's own staged copies of
+  // one context keep that order too).
+  for (int i = 0; i < tail_count; ++i) {
+    if (CUresult r = d.cuStreamWaitEvent(res->stream, tails[i], 0); r != CUDA_SUCCESS) return r;
+  }
   const int buffers = slots + kSpareSlots;
   if (timeline::enabled()) {
     p->dma.trace_begin(res, j.plan.blocks);
@@ -292,6 +374,7 @@ CUresult Engine::copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming) {
   if (req.dir == Direction::HtoD && err == CUDA_SUCCESS) {
     // Later work on the caller's stream waits for the DMAs still in flight.
     err = d.cuEventRecord(res->done, res->stream);
+    if (err == CUDA_SUCCESS) held.tail = res->done;
     if (err == CUDA_SUCCESS) err = d.cuStreamWaitEvent(req.stream, res->done, 0);
   }
   if (timeline::enabled()) timeline::note(timeline::Step::CopyEnd);
@@ -304,9 +387,9 @@ std::once_flag g_engine_once;
 
 }  // namespace
 
-CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns, bool* warming) {
+CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns, Pass* pass) {
   std::call_once(g_engine_once, [] { g_engine = new Engine(); });  // never destroyed: workers live on
-  return g_engine->copy(req, ran_ns, warming);
+  return g_engine->copy(req, ran_ns, pass);
 }
 
 bool engine_add_run(LanePool::Run* run) {

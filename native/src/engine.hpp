@@ -32,17 +32,23 @@ struct CopyRequest {
   bool setup_for_these = false;
 };
 
+// Why a copy that was free to go to the driver rather than wait for the engine went there.
+enum class Pass { No, Warming, Busy };
+
 // Runs the copy with CUDA's ordering: the caller has waited for prior work on `stream`; later work
 // on `stream` waits for the copy. Returns once every source byte was read (HtoD) or every
 // destination byte written (DtoH). Returns CUDA_SUCCESS, a driver error from the pipeline, or
 // CUDA_ERROR_NOT_READY (nothing was copied: resources unavailable; the caller passes through).
-// *ran_ns (if given): how long the copy itself took, all but its wait for the pipeline (another
-// thread's copy, the setup): what the rate guard compares with the driver's whole call.
-// A context's first copy starts its pipeline's setup in the background (staging ring, DMA stream,
-// workers). With `warming` given, a copy that finds the setup still running returns
-// CUDA_ERROR_NOT_READY with *warming true (the caller passes it to the driver, which is no slower
-// than without cmt); without it, the copy waits for the setup.
-CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns = nullptr, bool* warming = nullptr);
+// *ran_ns (if given): how long the copy itself took, all but its wait for a pipeline (other
+// threads' copies, the setup): what the rate guard compares with the driver's whole call.
+// A context's first copy starts its first pipeline's setup in the background (staging ring, DMA
+// stream, workers); a copy that finds every pipeline of its context busy starts another (up to
+// kPipelinesPerContext, engine.cpp) and waits its turn, first come first served. With `pass`
+// given, a copy returns CUDA_ERROR_NOT_READY rather than wait (the caller passes it to the driver,
+// which is no slower than without cmt) when the setup is still running (*pass = Warming), and when
+// it is small and every pipeline is busy (*pass = Busy: a small copy never waits behind a large
+// one); without it, the copy waits.
+CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns = nullptr, Pass* pass = nullptr);
 
 // For pipelines of their own (stream_pipeline.hpp): registers `run` with the engine's lane pool
 // (false when it takes no more, or in a forked child), and runs `job` on up to `lanes` of its lanes,

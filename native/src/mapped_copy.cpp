@@ -233,7 +233,7 @@ bool file_serves(const Mapping& m, uintptr_t addr, size_t n, Held* held, uint64_
 
 }  // namespace
 
-bool copy_from_mapping(const CopyRequest& req, bool pass_while_warming, CUresult* result, Outcome* outcome) {
+bool copy_from_mapping(const CopyRequest& req, CUresult* result, Outcome* outcome) {
   if (!env().from_file || req.dir != Direction::HtoD || req.end || req.bytes < kMinBytes) return false;
   const uintptr_t addr = reinterpret_cast<uintptr_t>(req.host);
   Mapping m;
@@ -266,8 +266,8 @@ bool copy_from_mapping(const CopyRequest& req, bool pass_while_warming, CUresult
     const size_t len = part == 0 && head ? head : req.bytes - part;
     FileEnd end(file, off + part + skew, direct);
     CopyRequest q{Direction::HtoD, req.ctx, nullptr, req.device + part, len, req.stream, st, &end};
-    bool warming = false;
-    r = engine_copy(q, nullptr, pass_while_warming ? &warming : nullptr);
+    Pass passed = Pass::No;
+    r = engine_copy(q, nullptr, &passed);  // rather than wait, the caller copies as usual
     if (end.failed() || skew) {
       failed = true;
       err = end.failed() ? end.error() : EIO;

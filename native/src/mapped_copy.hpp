@@ -21,7 +21,7 @@ namespace cmt {
 // Runs `req` (host-to-device, pageable source) from the file behind its source when the rules above
 // allow it. True: the copy is done, *result is its result and *outcome says how (FromFile, or
 // Accelerated when a failed file read was redone from memory). False: nothing to say for it; the
-// caller copies as usual. `warming`: as engine_copy's (the setup still running: false).
-bool copy_from_mapping(const CopyRequest& req, bool pass_while_warming, CUresult* result, Outcome* outcome);
+// caller copies as usual (also rather than wait for the engine: engine_copy's `pass`).
+bool copy_from_mapping(const CopyRequest& req, CUresult* result, Outcome* outcome);
 
 }  // namespace cmt

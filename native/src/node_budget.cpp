@@ -157,7 +157,8 @@ int node_budget() {
   return budget;
 }
 
-// A copy takes at most a fair share: the budget over the processes copying now, this one included.
+// A copy takes at most a fair share: the budget over the processes copying now, this one included,
+// over this process's copies running at once.
 // The lanes a copy holds are not taken back mid-copy, so a process that starts copying while others
 // hold most of the budget gets what is left, and its share from the others' next copies on
 // (`cmt bench load`, H100 2026-12-05: four processes copying 1 GiB each got 0.37-1.73 of an equal
@@ -173,9 +174,12 @@ int take_lanes(int wanted) {
   const int cpus = busy > 0 ? std::max(1, node_budget() - busy - 1) : node_budget();
   int share = std::min(wanted, cpus);
   if (slot) {
-    if (slot->copies.fetch_add(1, std::memory_order_acq_rel) == 0) g_segment->copying.fetch_add(1, std::memory_order_acq_rel);
+    const int32_t mine_now = slot->copies.fetch_add(1, std::memory_order_acq_rel) + 1;
+    if (mine_now == 1) g_segment->copying.fetch_add(1, std::memory_order_acq_rel);
     const int copying = std::max(1, static_cast<int>(g_segment->copying.load(std::memory_order_acquire)));
-    share = std::min(wanted, (cpus + copying - 1) / copying);
+    // This process's share, split between its copies running at once (threads copying to one GPU).
+    const int process_share = (cpus + copying - 1) / copying;
+    share = std::min(wanted, (process_share + mine_now - 1) / mine_now);
   }
   return take(&Segment::total, &Slot::lanes, node_budget(), share, false);
 }

@@ -270,34 +270,40 @@ def multi_device(req: dict) -> dict:
 
 
 def overlap(req: dict) -> dict:
-    """Copies of `size` bytes, given as [direction, device] per thread: each once to warm up, then all
-    at once, each thread on a stream of its own; then each alone. Wall seconds of both, and whether
-    every byte arrived."""
-    jobs = [tuple(j) for j in req["jobs"]]
+    """Copies given as [direction, device] per thread, of `size` bytes (or [direction, device, bytes,
+    delay_s]: started that long after the others): each once to warm up, then all at once, each
+    thread on a stream of its own; then each alone. Wall seconds of both, when each copy ended
+    (seconds from the start of all), and whether every byte arrived."""
+    jobs = [(j[0], j[1], j[2] if len(j) > 2 else req["size"], j[3] if len(j) > 3 else 0.0) for j in req["jobs"]]
     contexts = [drv.primary_ctx(d) for d in range(drv.device_count())]
-    n = req["size"]
     errors: list[str] = []
     buffers = []
-    for t, (_direction, device) in enumerate(jobs):
+    for t, (_direction, device, n, _delay) in enumerate(jobs):
         drv.ctx_set_current(contexts[device])
         data = random.Random(t).randbytes(n)
         dev = drv.mem_alloc(n)
         drv.poke(dev, data)
         buffers.append((data, dev, ctypes.create_string_buffer(data, n), ctypes.create_string_buffer(n)))
     drv.ctx_set_current(ctx)
+    ends = [0.0] * len(jobs)
+    start = time.monotonic()
 
-    def work(t: int) -> None:
+    def work(t: int, delayed: bool = False) -> None:
         try:
-            direction, device = jobs[t]
+            direction, device, n, delay = jobs[t]
+            if delayed:
+                time.sleep(delay)
             drv.ctx_set_current(contexts[device])
             data, dev, src, out = buffers[t]
             stream = drv.stream_create(CU_STREAM_NON_BLOCKING)
             if direction == "h2d":
                 drv.memcpy("cuMemcpyHtoDAsync_v2", dev, src, n, stream)
                 drv.stream_sync(stream)
+                ends[t] = time.monotonic() - start
                 ok = drv.peek(dev, n) == data
             else:
                 drv.memcpy("cuMemcpyDtoHAsync_v2", out, dev, n, stream)
+                ends[t] = time.monotonic() - start
                 ok = out.raw == data
             if not ok:
                 errors.append(f"thread {t}: mismatch")
@@ -308,8 +314,9 @@ def overlap(req: dict) -> dict:
     for t in range(len(jobs)):  # first use (pipelines, workers, streams) is not what is compared
         in_threads(lambda _i, t=t: work(t), 1)
     start = time.monotonic()
-    delta = in_threads(work, len(jobs))
+    delta = in_threads(lambda t: work(t, delayed=True), len(jobs))
     together = time.monotonic() - start
+    together_ends = list(ends)
     alone = []
     for t in range(len(jobs)):
         start = time.monotonic()
@@ -318,7 +325,7 @@ def overlap(req: dict) -> dict:
     for _data, dev, _src, _out in buffers:
         drv.mem_free(dev)
     drv.ctx_set_current(ctx)
-    return {"together_s": together, "alone_s": alone, "errors": errors, "stats": delta}
+    return {"together_s": together, "alone_s": alone, "end_s": together_ends, "errors": errors, "stats": delta}
 
 
 def timed_copies(req: dict) -> dict:
