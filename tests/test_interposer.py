@@ -419,8 +419,8 @@ def test_processes_share_the_nodes_budget_and_a_killed_ones_lanes_come_back(fake
 
 def test_a_process_that_copies_while_another_does_gets_a_fair_share_from_the_next_copy(fake_driver_dir):
     """A budget of 4 worker lanes: the first process's copy takes 3 while it copies alone; the second
-    gets the 1 left. The first's next copy, while the second still copies, takes a fair share, 2 of
-    the 3 free, not all of them."""
+    gets the 1 left. The first's next copy, while the second still copies, takes a fair share: half
+    the 4 CPUs, its calling thread and 1 worker lane, not all 3 free."""
     env = {"CMT_NODE_THREADS": "4", "FAKE_CUDA_COPY_GBPS": "0.02",
            "CMT_PLAN": ";".join(f"{d}:1=threads:4,buffers:2,chunk_bytes:1048576" for d in ("h2d", "d2h"))}
     a, b = CopyServer(fake_driver_dir, **env), CopyServer(fake_driver_dir, **env)
@@ -431,7 +431,7 @@ def test_a_process_that_copies_while_another_does_gets_a_fair_share_from_the_nex
         b("hold", size=96 * MIB, settle_s=1.5)  # 4.8 s; a's copy ends meanwhile
         assert b("node_lanes")["in_use"] == before + 1
         a("hold", size=16 * MIB)
-        assert b("node_lanes")["in_use"] == before + 1 + 2  # a's share of 4 between two: 2
+        assert b("node_lanes")["in_use"] == before + 1 + 1  # a's share of 4 between two: 2, its caller's one
     finally:
         for server in (a, b):
             server.proc.kill()
