@@ -16,6 +16,7 @@ import pytest
 TESTS_DIR = Path(__file__).resolve().parent
 REPO = TESTS_DIR.parent
 NATIVE_INCLUDE = REPO / "native" / "include"
+PRELOADED = REPO / "tests" / "preloaded"  # driver_api.hpp, for the test programs
 
 sys.path.insert(0, str(TESTS_DIR))
 # The node's budget of copy threads is the usable CPUs, two on CI: the tests ask the engine for more
@@ -115,7 +116,7 @@ def run_c_program(fake_driver_dir: Path) -> RunC:
     """``run_c_program(source_text, tmp_path, env=None, link_cuda=True, args=(), lang="c++",
     extra_flags=(), timeout=300, check_build=True)`` -> CompletedProcess (text, captured output).
 
-    Compiles ``source_text`` with g++ (``lang="c"``: gcc) against native/include, linking
+    Compiles ``source_text`` with g++ (``lang="c"``: gcc) against native/include and tests/preloaded, linking
     ``-L<fake dir> -lcuda`` when ``link_cuda`` (else ``-ldl``), then runs it with
     ``LD_LIBRARY_PATH=<fake dir>`` plus ``env`` (e.g. ``LD_PRELOAD`` of the cmt library).
     A failed build raises AssertionError with the compiler output."""
@@ -138,7 +139,7 @@ def run_c_program(fake_driver_dir: Path) -> RunC:
         src.write_text(source_text)
         compiler = (os.environ.get("CC") or "gcc") if lang == "c" else (os.environ.get("CXX") or "g++")
         std = ["-std=c11"] if lang == "c" else ["-std=c++17"]
-        cmd = [compiler, *std, "-O1", "-g", "-pthread", "-I", str(NATIVE_INCLUDE), *extra_flags,
+        cmd = [compiler, *std, "-O1", "-g", "-pthread", "-I", str(NATIVE_INCLUDE), "-I", str(PRELOADED), *extra_flags,
                "-o", str(exe), str(src)]
         cmd += ["-L", str(fake_driver_dir), "-lcuda"] if link_cuda else []
         cmd += ["-ldl"]

@@ -20,20 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "cmt/cuda_types.hpp"
-
-extern "C" {
-CUresult cuInit(unsigned);
-CUresult cuDeviceGet(CUdevice*, int);
-CUresult cuDevicePrimaryCtxRetain(CUcontext*, CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuMemAlloc_v2(CUdeviceptr*, size_t);
-CUresult cuStreamCreate(CUstream*, unsigned);
-CUresult cuStreamSynchronize(CUstream);
-CUresult cuMemcpyHtoD_v2(CUdeviceptr, const void*, size_t);
-CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr, const void*, size_t, CUstream);
-CUresult cuMemcpyDtoH_v2(void*, CUdeviceptr, size_t);
-}
+#include "driver_api.hpp"
 
 static const size_t MIB = 1 << 20;
 static const size_t kFile = 24 * MIB + 123;
