@@ -111,7 +111,9 @@ def test_every_scenario_runs_plain_and_under_cmt(fake_driver_dir: Path, tmp_path
                     assert sum(o["pageable"]["h2d"].values()) == 3 and o["pageable"]["h2d"].get("accelerated"), o
                     assert o["pinned"]["h2d"] == {"pinned_host": 3}, o
             else:
-                assert outcomes[row["direction"] if row["direction"] != "both" else "h2d"]["accelerated"] >= 1, outcomes
+                # (copies at once of 4 MiB or less that find the GPU's pipeline busy go to the driver)
+                seen = outcomes[row["direction"] if row["direction"] != "both" else "h2d"]
+                assert seen.get("accelerated", 0) + seen.get("pipelines_busy", 0) >= 1, outcomes
         assert row["cmt_vs_plain"] > 0 and len(row["cmt_vs_plain_pairs"]) == 1
 
     for row in rows_of(doc, "busy"):

@@ -41,16 +41,15 @@ int fresh_memory_threads() {
 
 // A pipeline carries one copy at a time for one context (GPU): its own staging ring, DMA stream and
 // events, and its place in the lane pool; all pipelines share one pool of lanes. Copies to
-// different GPUs run at once, each on a pipeline of its own GPU; so do copies from several threads
-// to one GPU, up to kPipelinesPerContext, a pipeline each: one copy's start and end (filling the
-// first block, the last DMAs) overlap another's middle. On the H200 host, 8 threads x 64 MiB with up
-// to four pipelines per GPU and direction reached 45.7 / 48.8 GB/s (h2d / d2h, pinned 55); taking
-// turns on one pipeline, 32.7 / 30.3 on the H100 (pinned 53-55). Both directions at once gain
-// nothing from it (45-54 GB/s against 53.5 taking turns): staged copies in both directions together
-// are bound by the CPUs' memory bandwidth (docs/engine-findings.md, "Copies at once").
-constexpr int kPipelinesPerContext = 4;
-// A copy up to this size that finds every pipeline of its context busy goes to the driver, which
-// does it in well under a millisecond, rather than wait behind a large copy.
+// different GPUs run at once, each on its GPU's pipeline. Copies to one GPU take their turns first
+// come first served, and a small one does not wait for its turn (kPassWhenBusy). Up to four
+// pipelines per GPU, for copies from several threads at once, measured no better: 8 threads x 64
+// MiB at 51-52% of pinned on the H100 (2026-12-06) against 55-62% taking turns; both directions at
+// once gained nothing either (45-54 GB/s against 53.5 taking turns on the H200): several staging
+// rings outgrow the last-level cache, and staged copies are bound by the CPUs' memory bandwidth
+// (docs/engine-findings.md, "Copies at once").
+// A copy up to this size that finds its GPU's pipeline busy goes to the driver, which does it in
+// well under a millisecond, rather than wait behind a large copy.
 constexpr size_t kPassWhenBusy = 4u << 20;
 
 // A copy's settings as the engine uses them: within the engine's limits.
@@ -63,13 +62,13 @@ struct Pipeline {
   CUcontext ctx = nullptr;
   std::atomic<int> state{Preparing};  // set once by the setup thread (Engine::prepare)
   // What the setup sizes the ring and workers for: the largest rule in force, or the settings of the
-  // copy that made the context's first pipeline (CopyRequest::setup_for_these: a cmt.io transfer,
-  // which waits for the setup). Pinning costs milliseconds per 16 MiB; the H200 plan's largest asks
+  // copy that made the pipeline (CopyRequest::setup_for_these: a cmt.io transfer, which waits for
+  // the setup). Pinning costs milliseconds per 16 MiB; the H200 plan's largest asks
   // for 144 MiB.
   std::optional<Settings> first;
   bool in_use = false;  // a copy runs on it (under Engine::pipelines_mutex_)
-  // Recorded after the DMAs of its host-to-device copies, which return with DMAs still in flight
-  // (under Engine::pipelines_mutex_; nullptr until the first).
+  // Recorded after the DMAs of its last host-to-device copy, which returned with DMAs still in
+  // flight (under Engine::pipelines_mutex_; nullptr until the first).
   CUevent tail = nullptr;
   StagingRing ring;
   DmaStreams dma;
@@ -92,11 +91,11 @@ class Engine {
 
  private:
   static void lane(void* job, int index);
-  // A pipeline of req.ctx for this copy alone (in_use), first come first served; it makes the
-  // context's pipelines as needed, their setup in the background. nullptr: the copy goes to the
-  // driver (*pass says why, when the caller gave `pass`; else no pipeline can be set up).
-  // *tails: the `tail` events of the context's other pipelines (at most kPipelinesPerContext - 1).
-  Pipeline* claim(const CopyRequest& req, Pass* pass, CUevent* tails, int* tail_count);
+  // The pipeline of req.ctx for this copy alone (in_use), first come first served; a context's first
+  // copy makes it, its setup in the background. nullptr: the copy goes to the driver (*pass says
+  // why, when the caller gave `pass`; else the pipeline could not be set up); *tail: for Pass::Busy,
+  // the pipeline's `tail`, which the driver's copy must follow.
+  Pipeline* claim(const CopyRequest& req, Pass* pass, CUevent* tail);
   // `tail`: recorded after the copy's DMAs, if they may still be in flight.
   void release(Pipeline* p, CUevent tail);
   // A new pipeline for ctx, its setup started in the background; false if the pool takes no more.
@@ -115,7 +114,7 @@ class Engine {
   std::mutex pipelines_mutex_;  // the pipelines (never shrinks: copies hold pointers), who uses them
   std::condition_variable changed_;  // a pipeline was released or finished its setup
   std::vector<Pipeline*> pipelines_;
-  // Copies waiting for a pipeline, by context and ticket: the earliest of a context goes first.
+  // Copies waiting for their context's pipeline, by context and ticket: the earliest goes first.
   std::vector<std::pair<CUcontext, uint64_t>> waiting_;
   uint64_t tickets_ = 0;
   LanePool pool_;
@@ -137,7 +136,7 @@ bool Engine::make(CUcontext ctx, const std::optional<Settings>& first) {
   return true;
 }
 
-Pipeline* Engine::claim(const CopyRequest& req, Pass* pass, CUevent* tails, int* tail_count) {
+Pipeline* Engine::claim(const CopyRequest& req, Pass* pass, CUevent* tail) {
   std::unique_lock<std::mutex> lock(pipelines_mutex_);
   uint64_t ticket = 0;  // this copy's place in line once it waits
   auto leave_line = [&] {
@@ -151,43 +150,31 @@ Pipeline* Engine::claim(const CopyRequest& req, Pass* pass, CUevent* tails, int*
     return true;
   };
   for (;;) {
-    int made = 0, preparing = 0, ready = 0;
-    Pipeline* free = nullptr;
-    const Pipeline* oldest = nullptr;
+    Pipeline* p = nullptr;
     for (Pipeline* q : pipelines_) {
-      if (q->ctx != req.ctx) continue;
-      ++made;
-      if (!oldest) oldest = q;
-      const int state = q->state.load(std::memory_order_acquire);
-      preparing += state == Pipeline::Preparing;
-      if (state == Pipeline::Ready && ++ready && !q->in_use && !free) free = q;
+      if (q->ctx == req.ctx) p = q;
     }
-    Pass why = Pass::No;
-    if (made == 0) {
+    if (!p) {
       std::optional<Settings> first;
       if (req.setup_for_these) first = req.settings;
       if (!make(req.ctx, first)) break;
       continue;
     }
-    if (ready == 0 && preparing == 0) break;  // every setup failed: the driver copies
-    if (ready == 0) {
+    const int state = p->state.load(std::memory_order_acquire);
+    if (state == Pipeline::Failed) break;  // the driver copies
+    Pass why = Pass::No;
+    if (state == Pipeline::Preparing) {
       if (!env().test_wait_setup) why = Pass::Warming;  // (CMT_TEST_HOOKS wait_setup=1: the tests' copies wait)
-    } else if (free && first_in_line()) {
+    } else if (!p->in_use && first_in_line()) {
       leave_line();
-      free->in_use = true;
-      *tail_count = 0;
-      for (Pipeline* q : pipelines_) {
-        if (q->ctx == req.ctx && q != free && q->tail) tails[(*tail_count)++] = q->tail;
-      }
-      if (!waiting_.empty()) changed_.notify_all();  // another pipeline may be free for the next
-      return free;
-    } else if (!free) {
-      // Every pipeline is busy: another one, set up meanwhile, for the next copies that find them so.
-      if (made < kPipelinesPerContext && preparing == 0) make(req.ctx, oldest->first);
-      if (req.bytes <= kPassWhenBusy) why = Pass::Busy;
+      p->in_use = true;
+      return p;
+    } else if (req.bytes <= kPassWhenBusy) {
+      why = Pass::Busy;
     }
     if (pass && why != Pass::No) {
       *pass = why;
+      if (why == Pass::Busy) *tail = p->tail;
       break;
     }
     if (ticket == 0) waiting_.emplace_back(req.ctx, ticket = ++tickets_);
@@ -230,7 +217,7 @@ void Engine::prepare(Pipeline* p) {
     p->state.store(ok ? Pipeline::Ready : Pipeline::Failed, std::memory_order_release);
   }
   changed_.notify_all();
-  if (!ok) log::write(log::Level::Debug, "a staging pipeline could not be set up; copies go to the driver or wait for another");
+  if (!ok) log::write(log::Level::Debug, "the staging pipeline could not be set up; copies go to the driver");
 }
 
 int Engine::fit(Pipeline* p, CUcontext ctx, int slots, size_t chunk, ContextResources** res) {
@@ -295,9 +282,17 @@ CUresult Engine::copy(const CopyRequest& req, uint64_t* ran_ns, Pass* pass) {
   std::unique_lock<std::mutex> traced;
   if (timeline::enabled()) traced = std::unique_lock<std::mutex>(trace_mutex_);
   const uint64_t waits = monotonic_ns();
-  CUevent tails[kPipelinesPerContext];
-  int tail_count = 0;
-  Pipeline* p = claim(req, pass, tails, &tail_count);
+  CUevent tail = nullptr;
+  Pipeline* p = claim(req, pass, &tail);
+  if (!p && tail) {
+    // A small copy for the driver while another thread's copy has the pipeline: it follows the DMAs
+    // still in flight of the copies that returned before it, as it would on the pipeline (another
+    // stream's copy may rely on them without saying so). If the stream cannot wait, it takes its turn.
+    if (d.cuStreamWaitEvent(req.stream, tail, 0) != CUDA_SUCCESS) {
+      *pass = Pass::No;
+      p = claim(req, nullptr, &tail);
+    }
+  }
   if (!p) return CUDA_ERROR_NOT_READY;
   struct Held {
     Engine* e;
@@ -329,13 +324,6 @@ CUresult Engine::copy(const CopyRequest& req, uint64_t* ran_ns, Pass* pass) {
   ContextResources* res = nullptr;
   const int slots = fit(p, req.ctx, static_cast<int>(std::min<size_t>(buffers_of(st), j.plan.blocks)), chunk, &res);
   if (slots < 1) return CUDA_ERROR_NOT_READY;
-  // Staged copies to one GPU keep the order they had from the caller's view, as on one pipeline:
-  // this copy's DMAs follow those still in flight of copies that returned before (another thread's
-  // copy on another stream may depend on them without saying so: the driver's own staged copies of
-  // one context keep that order too).
-  for (int i = 0; i < tail_count; ++i) {
-    if (CUresult r = d.cuStreamWaitEvent(res->stream, tails[i], 0); r != CUDA_SUCCESS) return r;
-  }
   const int buffers = slots + kSpareSlots;
   if (timeline::enabled()) {
     p->dma.trace_begin(res, j.plan.blocks);

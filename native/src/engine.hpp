@@ -41,13 +41,12 @@ enum class Pass { No, Warming, Busy };
 // CUDA_ERROR_NOT_READY (nothing was copied: resources unavailable; the caller passes through).
 // *ran_ns (if given): how long the copy itself took, all but its wait for a pipeline (other
 // threads' copies, the setup): what the rate guard compares with the driver's whole call.
-// A context's first copy starts its first pipeline's setup in the background (staging ring, DMA
-// stream, workers); a copy that finds every pipeline of its context busy starts another (up to
-// kPipelinesPerContext, engine.cpp) and waits its turn, first come first served. With `pass`
-// given, a copy returns CUDA_ERROR_NOT_READY rather than wait (the caller passes it to the driver,
-// which is no slower than without cmt) when the setup is still running (*pass = Warming), and when
-// it is small and every pipeline is busy (*pass = Busy: a small copy never waits behind a large
-// one); without it, the copy waits.
+// A context's first copy starts its pipeline's setup in the background (staging ring, DMA stream,
+// workers); copies to one context take turns on it, first come first served. With `pass` given, a
+// copy returns CUDA_ERROR_NOT_READY rather than wait (the caller passes it to the driver, which is
+// no slower than without cmt) when the setup is still running (*pass = Warming), and when it is
+// small and the pipeline is busy (*pass = Busy: a small copy never waits behind a large one);
+// without it, the copy waits.
 CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns = nullptr, Pass* pass = nullptr);
 
 // For pipelines of their own (stream_pipeline.hpp): registers `run` with the engine's lane pool

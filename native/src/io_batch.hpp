@@ -6,7 +6,7 @@
 //
 // Workers: kSmallWorkers for transfers of up to kSmallIoBytes (a pread into a bounce buffer and one
 // DMA each, many at once: file_transfer.hpp), and kBulkWorkers for larger ones (the engine carries
-// up to four at a time per GPU), so that small transfers never queue behind bulk ones. They are shared by
+// one at a time per GPU), so that small transfers never queue behind bulk ones. They are shared by
 // every batch of the process; a forked child starts its own.
 #pragma once
 #include <cstdint>

@@ -157,10 +157,8 @@ int node_budget() {
   return budget;
 }
 
-// A copy takes at most a fair share of the CPUs, its calling thread counted: the budget over the
-// processes copying now, this one included, over this process's copies running at once. Four
-// processes on 16 CPUs thus run 3 workers each beside their 4 callers, not 4 (20 threads on 16
-// CPUs, where a descheduled lane stalls its piece of the copy).
+// A copy takes at most a fair share: the budget over the processes copying now, this one included,
+// over this process's copies running at once (to different GPUs).
 // The lanes a copy holds are not taken back mid-copy, so a process that starts copying while others
 // hold most of the budget gets what is left, and its share from the others' next copies on
 // (`cmt bench load`, H100 2026-12-05: four processes copying 1 GiB each got 0.37-1.73 of an equal
@@ -172,17 +170,17 @@ int take_lanes(int wanted) {
   double others = others_busy_cpus();
   if (slot) others -= g_segment->total.load(std::memory_order_acquire) - slot->lanes.load(std::memory_order_acquire);
   const int busy = static_cast<int>(std::lround(std::max(0.0, others)));
-  // On a busy host, only the CPUs left.
-  const int cpus = std::max(1, node_budget() - busy);
-  int threads = cpus;  // this copy's, its caller's among them
+  // On a busy host, only the CPUs left, the caller's own among them.
+  const int cpus = busy > 0 ? std::max(1, node_budget() - busy - 1) : node_budget();
+  int share = cpus;  // worker lanes
   if (slot) {
     const int32_t mine_now = slot->copies.fetch_add(1, std::memory_order_acq_rel) + 1;
     if (mine_now == 1) g_segment->copying.fetch_add(1, std::memory_order_acq_rel);
     const int copying = std::max(1, static_cast<int>(g_segment->copying.load(std::memory_order_acquire)));
     const int process_share = (cpus + copying - 1) / copying;
-    threads = (process_share + mine_now - 1) / mine_now;
+    share = (process_share + mine_now - 1) / mine_now;
   }
-  return take(&Segment::total, &Slot::lanes, node_budget(), std::min(wanted, threads - 1), false);
+  return take(&Segment::total, &Slot::lanes, node_budget(), std::min(wanted, share), false);
 }
 
 void give_lanes(int taken) {

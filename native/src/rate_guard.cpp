@@ -14,6 +14,7 @@ constexpr uint64_t kRemeasureNs = 200'000'000;        // the driver's rate is me
 constexpr uint64_t kRemeasureCloseNs = 2'000'000;     // (staging close to the driver: one measure on a busy
                                                       // host is noisy, and a short sweep needs a second)
 constexpr double kMeasureShare = 20;                  // and once per this many pass-through copies' time
+constexpr size_t kSecondAtOnce = 16u << 20;           // (the second measurement, rate_guard.hpp)
 constexpr uint32_t kLearnCopies = 3;                  // staged copies before the known rate is trusted
 constexpr uint32_t kProbeFirst = 8;                   // while backed off, one copy in this many is staged,
 constexpr uint32_t kProbeMost = 256;                  // twice as few after each probe that lost,
@@ -68,22 +69,29 @@ Verdict guard_decide(Guarded g, size_t bytes, double driver_gbps) {
   }
   const double staged = c.staged.load(std::memory_order_relaxed);
   if (staged <= 0) return Verdict::Stage;
-  // The driver's first pageable copy in a process also sets up its own staging: a rate measured on
-  // it is far too low, and would keep the guard from ever finding staging close to the driver
-  // (H100, 12 busy threads: device-to-host 1 MiB measured once, then staged at 0.63x of plain).
-  // So the first measurement is followed by a second, at once.
-  if (c.driver_n.load(std::memory_order_relaxed) == 1) {
-    uint32_t one = 1;
-    if (c.driver_n.compare_exchange_strong(one, 2, std::memory_order_relaxed)) return Verdict::PassToMeasure;
-  }
   const double measured = c.driver.load(std::memory_order_relaxed);
   const double driver = measured > 0 ? measured : driver_gbps;  // bytes per ns = GB/s
-  const bool fell = staged < kSuspect * c.best.load(std::memory_order_relaxed);
-  const bool close = driver > 0 && staged < kMargin * driver && c.staged_n.load(std::memory_order_relaxed) >= kLearnCopies;
-  if (!fell && !close) return Verdict::Stage;
   // Measuring passes one copy through: a 1 GiB one costs the driver's 150 ms, so not often.
   const double cost_ns = kMeasureShare * static_cast<double>(bytes) / std::max(driver, 1.0);
   const uint64_t now = monotonic_ns();
+  // The driver's first pageable copy in a process also sets up its own staging: a rate measured on
+  // it is far too low, and would keep the guard from ever finding staging close to the driver
+  // (H100, 12 busy threads: device-to-host 1 MiB measured once, then staged at 0.63x of plain).
+  // So the first measurement is followed by a second: at once for copies up to kSecondAtOnce, and
+  // for larger ones as their cost allows (two 1 GiB copies through the driver in a row cost four
+  // processes copying at once on the H100 much of their rate).
+  const double second_after = bytes <= kSecondAtOnce ? 0 : cost_ns;
+  if (c.driver_n.load(std::memory_order_relaxed) == 1 &&
+      static_cast<double>(now - c.driver_at.load(std::memory_order_relaxed)) > second_after) {
+    uint32_t one = 1;
+    if (c.driver_n.compare_exchange_strong(one, 2, std::memory_order_relaxed)) {
+      c.driver_at.store(now, std::memory_order_relaxed);
+      return Verdict::PassToMeasure;
+    }
+  }
+  const bool fell = staged < kSuspect * c.best.load(std::memory_order_relaxed);
+  const bool close = driver > 0 && staged < kMargin * driver && c.staged_n.load(std::memory_order_relaxed) >= kLearnCopies;
+  if (!fell && !close) return Verdict::Stage;
   const uint64_t floor_ns = fell ? kRemeasureNs : kRemeasureCloseNs;
   if (static_cast<double>(now - c.driver_at.load(std::memory_order_relaxed)) <= std::max<double>(floor_ns, cost_ns)) {
     return Verdict::Stage;

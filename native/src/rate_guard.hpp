@@ -11,8 +11,8 @@
 //     staging is close to the driver), and for large copies no more often than keeps that cost
 //     under 5%. A host busy from the process's start never shows
 //     a fall from a best, hence the known rate; where staging wins clearly nothing is measured. The
-//     first measurement is followed by a second at once: the driver's first pageable copy in a
-//     process sets up its own staging, and its rate is far too low;
+//     first measurement is followed by a second, at once up to 16 MiB: the driver's first pageable
+//     copy in a process sets up its own staging, and its rate is far too low;
 //   - staging below the driver's rate backs off: copies pass through (each one measuring the driver
 //     again), and one copy in 8 is staged to see whether staging is faster again (one in 16, 32, ...
 //     256 after each probe that lost: on a host that stays busy the probes cost less and less; and

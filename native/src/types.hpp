@@ -65,7 +65,7 @@ enum class DefaultStream { Legacy, PerThread };
   X(Resources, "resources", "staging buffers, streams or events could not be created")        \
   X(BackedOff, "backed_off", "staged copies of this size ran slower than the driver's own on this busy host (rate_guard.hpp)") \
   X(Warming, "warming", "the staging pipeline for this GPU was still being set up (its first milliseconds)") \
-  X(PipelinesBusy, "pipelines_busy", "a small copy while other threads' copies kept every staging pipeline of this GPU busy") \
+  X(PipelinesBusy, "pipelines_busy", "a small copy while another thread's copy had this GPU's staging pipeline") \
   X(Overlapping, "overlapping", "a host copy whose source and destination overlap: libc's memmove") \
   X(FromFile, "from_file", "the source is a file mapping not in the page cache: the lanes read the file (mapped_copy.hpp)")
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-_POOL_THREADS = 8  # bulk transfers: the engine carries up to four at a time per GPU
+_POOL_THREADS = 8  # bulk transfers: the engine's, one at a time per GPU
 # Small ones: reads in flight at once (the disk's queue, or copies out of the page cache on as many
 # CPUs), as many as KvikIO's pool in `cmt bench io`; each holds one of its GPU's bounce buffers.
 _SMALL_THREADS = 8
