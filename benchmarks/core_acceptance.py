@@ -59,7 +59,7 @@ def host_memcpy_gbps(size: int = 64 * MIB, repeat: int = 5) -> float:
     return size / statistics.median(times) / 1e9
 
 
-def measure() -> dict:
+def measure(first_use_only: bool = False) -> dict:
     import torch
 
     torch.cuda.init()
@@ -157,6 +157,8 @@ def measure() -> dict:
         assert torch.equal(dst, src)
 
     first_use()
+    if first_use_only:
+        return results
     copies(64 * MIB, 20)
     copies(GIB, 5)
     framework()
@@ -232,12 +234,17 @@ def main() -> None:
     ap.add_argument("--out", default="core-acceptance.json")
     ap.add_argument("--processes", type=int, default=3,
                     help="plain and cmt processes for the large copies, taken in turn (default 3)")
+    ap.add_argument("--first-use", action="store_true",
+                    help="only each process's first copies (seconds, not minutes), with CMT_STATS's counts")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--inner-small", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--inner-first", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.inner or args.inner_small:
-        child_result.emit(measure_small() if args.inner_small else measure())
+    if args.inner or args.inner_small or args.inner_first:
+        child_result.emit(measure_small() if args.inner_small else measure(first_use_only=args.inner_first))
         return
+    if args.first_use:
+        os.environ["CMT_STATS"] = "1"  # which way each first copy went, in the cmt processes' stderr
 
     def run(prefix, what="--inner"):
         result, proc = child_result.run([*prefix, sys.executable, __file__, what])
@@ -247,19 +254,22 @@ def main() -> None:
 
     under_cmt = child_result.UNDER_CMT
     runs: dict[str, list[dict]] = {"plain": [], "cmt": []}
+    inner = "--inner-first" if args.first_use else "--inner"
+    stats_lines = []
     for _ in range(args.processes):
-        runs["plain"].append(run([])[0])
-        result, cmt_stderr = run(under_cmt)
+        runs["plain"].append(run([], inner)[0])
+        result, cmt_stderr = run(under_cmt, inner)
         runs["cmt"].append(result)
+        stats_lines.append([x for x in cmt_stderr.splitlines() if "stats" in x or "copies" in x])
     plain, cmt = medians(runs["plain"]), medians(runs["cmt"])
     # Small copies differ by less than processes do from one another (8.6-12.2 µs per copy for the
     # same side on the H200 machine): alternate plain and cmt processes, keep each side's median,
     # and the median of the pairs' ratios.
     small = {"plain": [], "cmt": []}
-    for _ in range(5):
+    for _ in range(0 if args.first_use else 5):
         for side, prefix in (("plain", []), ("cmt", under_cmt)):
             small[side].append(run(prefix, "--inner-small")[0]["h2d_4KiB_x1e5"])
-    for side, into in (("plain", plain), ("cmt", cmt)):
+    for side, into in (("plain", plain), ("cmt", cmt)) if small["plain"] else ():
         per_run = [r["us_per_copy"] for r in small[side]]
         into["h2d_4KiB_x1e5"] = {**small[side][0], "us_per_copy": statistics.median(per_run),
                                  "runs_us_per_copy": [round(x, 3) for x in per_run]}
@@ -278,7 +288,7 @@ def main() -> None:
             if "runs_us_per_copy" in p:
                 pairs = [b / a for a, b in zip(p["runs_us_per_copy"], c["runs_us_per_copy"], strict=True)]
                 rows[key]["pair_slowdown_pct"] = round((statistics.median(pairs) - 1) * 100, 2)
-    for tag in ("64MiB", "1GiB"):
+    for tag in ("64MiB", "1GiB") if not args.first_use else ():
         for d in ("h2d", "d2h"):
             if f"{d}_cudamemcpy_pinned_{tag}" in cmt:  # cudaMemcpy against cudaMemcpy, in the cmt run
                 rows[f"{d}_cudamemcpy_pageable_{tag}"].update(ratio_fields(
@@ -294,7 +304,7 @@ def main() -> None:
     doc = {"benchmark": "core_acceptance", "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
            "machine": machine(), "config": os.environ.get("CMT_CONFIG", "automatic (cmt config show)"),
            "processes": args.processes, "summary": rows, "plain": plain, "cmt": cmt, "runs": runs,
-           "cmt_stats": [x for x in cmt_stderr.splitlines() if "stats" in x or "copies" in x]}
+           "cmt_stats": stats_lines}
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=2)
     width = max(len(k) for k in rows)

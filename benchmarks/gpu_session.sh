@@ -5,6 +5,7 @@
 #   tests    the GPU tests, pytest -m gpu -v; TESTS_K selects (-k)      (-> gpu-tests.log)
 #   core     benchmarks/core_acceptance.py, $PROCESSES (default 3) plain and cmt processes in turn
 #                                                                      (-> core-acceptance.json)
+#   firstuse the same, only each process's first copies, $PROCESSES (default 5)  (-> first-use.json)
 #   copy     cmt bench copy, the full sweep                            (-> copy.json, copy.png)
 #   load     cmt bench load, every scenario over 3 process pairs (about 6.5 minutes; stopped at 8:
 #            `install load` fits one call, not beside other modes; LOAD_ARGS narrows it, e.g.
@@ -55,6 +56,8 @@ for mode in "${modes[@]}"; do
              ${TESTS_K:+-k "$TESTS_K"} 2>&1 | tee "$OUT/gpu-tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" ;;
     core) timeout 580 python3 benchmarks/core_acceptance.py --processes "${PROCESSES:-3}" \
             --out "$OUT/core-acceptance.json" 2>&1 | tail -30 ;;
+    firstuse) timeout 300 python3 benchmarks/core_acceptance.py --first-use --processes "${PROCESSES:-5}" \
+                --out "$OUT/first-use.json" 2>&1 | tail -12 ;;
     copy) timeout 200 python3 -m cmt bench copy --out "$OUT" 2>&1 | tail -45 ;;
     load) COLUMNS=150 timeout ${LOAD_TIMEOUT:-480} python3 -m cmt bench load ${LOAD_ARGS:-} --out "$OUT" 2>&1 | tail -100 ;;
     doctor) COLUMNS=150 python3 -m cmt doctor --path . > "$OUT/doctor.txt" 2>&1; cat "$OUT/doctor.txt"

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <optional>
@@ -37,6 +38,23 @@ constexpr std::chrono::microseconds kMaxTailSpin{2000};
 int fresh_memory_threads() {
   static const int n = static_cast<int>(std::min(16L, usable_cpus()));
   return n;
+}
+
+// Copies passed to the driver while a pipeline is set up (WarmingPass): in flight, and ended so far.
+std::atomic<int> g_warming_passes{0};
+std::atomic<uint64_t> g_warming_ended{0};
+constexpr uint64_t kMaxWarmingPauseNs = 500'000'000;  // a pass that takes longer gets one buffer pinned under it
+
+// Before the setup pins a buffer: while copies passed to the driver run, waits until one of them
+// ends, then pins even if another has started, so that back-to-back copies cannot hold it forever.
+void let_warming_pass() {
+  if (g_warming_passes.load(std::memory_order_acquire) == 0) return;
+  const uint64_t ended = g_warming_ended.load(std::memory_order_acquire);
+  const uint64_t start = monotonic_ns();
+  while (g_warming_passes.load(std::memory_order_acquire) > 0 &&
+         g_warming_ended.load(std::memory_order_acquire) == ended && monotonic_ns() - start < kMaxWarmingPauseNs) {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
 }
 
 // A pipeline carries one copy at a time for one context (GPU): its own staging ring, DMA stream and
@@ -103,7 +121,9 @@ class Engine {
   bool make(CUcontext ctx, const std::optional<Settings>& first);
   // Under the copy's claim: the DMA events (*res) and staging for `slots` slots of `chunk` bytes.
   // Returns the slots the copy can have: fewer when short of pinned memory; 0 if none.
-  static int fit(Pipeline* p, CUcontext ctx, int slots, size_t chunk, ContextResources** res);
+  // `before_each`: runs before each buffer it pins (the setup's pause for copies passed meanwhile).
+  static int fit(Pipeline* p, CUcontext ctx, int slots, size_t chunk, ContextResources** res,
+                 void (*before_each)() = nullptr);
   // The setup thread: the ring, stream, events and workers for the largest rule in force (or the
   // first copy's settings).
   void prepare(Pipeline* p);
@@ -209,7 +229,7 @@ void Engine::prepare(Pipeline* p) {
     const Settings most = p->first ? *p->first : active_plan().largest();
     // Short of pinned memory (the node's budget), the ring keeps what it got: copies use fewer slots.
     ContextResources* res = nullptr;
-    ok = fit(p, p->ctx, buffers_of(most), chunk_of(most), &res) > 0;  // no copy runs before it is Ready
+    ok = fit(p, p->ctx, buffers_of(most), chunk_of(most), &res, let_warming_pass) > 0;  // no copy runs before it is Ready
     pool_.prestart(threads_of(most) - 1);
   }
   {
@@ -220,10 +240,11 @@ void Engine::prepare(Pipeline* p) {
   if (!ok) log::write(log::Level::Debug, "the staging pipeline could not be set up; copies go to the driver");
 }
 
-int Engine::fit(Pipeline* p, CUcontext ctx, int slots, size_t chunk, ContextResources** res) {
+int Engine::fit(Pipeline* p, CUcontext ctx, int slots, size_t chunk, ContextResources** res,
+                void (*before_each)()) {
   if (!(*res = p->dma.for_context(ctx, slots + kSpareSlots))) return 0;
   // The spares stand in for slots a late lane may still touch (job.hpp).
-  if (!p->ring.ensure(slots + kSpareSlots, chunk)) {  // fewer slots, or none
+  if (!p->ring.ensure(slots + kSpareSlots, chunk, before_each)) {  // fewer slots, or none
     slots = std::min(slots, p->ring.count() - kSpareSlots);
     if (slots < 1 || p->ring.slot_bytes() < chunk) return 0;
   }
@@ -374,6 +395,12 @@ Engine* g_engine = nullptr;
 std::once_flag g_engine_once;
 
 }  // namespace
+
+WarmingPass::WarmingPass() { g_warming_passes.fetch_add(1, std::memory_order_acq_rel); }
+WarmingPass::~WarmingPass() {
+  g_warming_ended.fetch_add(1, std::memory_order_acq_rel);
+  g_warming_passes.fetch_sub(1, std::memory_order_acq_rel);
+}
 
 CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns, Pass* pass) {
   std::call_once(g_engine_once, [] { g_engine = new Engine(); });  // never destroyed: workers live on

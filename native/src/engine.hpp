@@ -49,6 +49,18 @@ enum class Pass { No, Warming, Busy };
 // without it, the copy waits.
 CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns = nullptr, Pass* pass = nullptr);
 
+// Held around the driver's copy of a copy passed with Pass::Warming. A real driver's pageable copy
+// waits while another thread pins memory (H100, 2026-12-06: the first 64 MiB device-to-host copy
+// took 80 ms against 9 plain, the setup pinning 100 MiB meanwhile), so the setup pins no further
+// staging buffer until one such copy ends: a copy waits for one buffer's pinning at most.
+class WarmingPass {
+ public:
+  WarmingPass();
+  ~WarmingPass();
+  WarmingPass(const WarmingPass&) = delete;
+  WarmingPass& operator=(const WarmingPass&) = delete;
+};
+
 // For pipelines of their own (stream_pipeline.hpp): registers `run` with the engine's lane pool
 // (false when it takes no more, or in a forked child), and runs `job` on up to `lanes` of its lanes,
 // lane 0 in the calling thread, sharing the pool's budget with every other copy.

@@ -31,10 +31,6 @@ namespace {
 // file that cannot be opened as the same file (the path now names another, or it was deleted) is
 // kept as such, so that it is not tried on every copy.
 
-// Smaller copies are not looked at: the lookup (about 1 µs for a file mapping) would be a
-// measurable part of a warm one, and a cold one faults in few readahead windows.
-constexpr size_t kMinBytes = size_t(4) << 20;
-
 constexpr int kFiles = 16;
 // O_DIRECT leaves the page cache as it was: a range the plain copy would have left cached stays
 // cold, and a program that copies it again (a data set's next epoch) would read the disk each time.
@@ -234,7 +230,7 @@ bool file_serves(const Mapping& m, uintptr_t addr, size_t n, Held* held, uint64_
 }  // namespace
 
 bool copy_from_mapping(const CopyRequest& req, CUresult* result, Outcome* outcome) {
-  if (!env().from_file || req.dir != Direction::HtoD || req.end || req.bytes < kMinBytes) return false;
+  if (!env().from_file || req.dir != Direction::HtoD || req.end || req.bytes < kMappedCopyMinBytes) return false;
   const uintptr_t addr = reinterpret_cast<uintptr_t>(req.host);
   Mapping m;
   Held held;

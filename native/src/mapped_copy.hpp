@@ -24,4 +24,8 @@ namespace cmt {
 // caller copies as usual (also rather than wait for the engine: engine_copy's `pass`).
 bool copy_from_mapping(const CopyRequest& req, CUresult* result, Outcome* outcome);
 
+// Smaller copies are never looked at: the lookup (about 1 µs for a file mapping) would be a
+// measurable part of a warm one, and a cold one faults in few readahead windows.
+constexpr size_t kMappedCopyMinBytes = size_t(4) << 20;
+
 }  // namespace cmt

@@ -54,6 +54,8 @@ double rate(size_t bytes, uint64_t ns) { return static_cast<double>(bytes) / sta
 
 }  // namespace
 
+bool guard_backed_off(Guarded g, size_t bytes) { return of(g, bytes).backed_off.load(std::memory_order_relaxed); }
+
 Verdict guard_decide(Guarded g, size_t bytes, double driver_gbps) {
   SizeClass& c = of(g, bytes);
   if (c.backed_off.load(std::memory_order_relaxed)) {
@@ -127,6 +129,9 @@ void guard_staged(Guarded g, size_t bytes, uint64_t ns) {
 
 void guard_passed(Guarded g, size_t bytes, uint64_t ns) {
   SizeClass& c = of(g, bytes);
+  // Backed off, the driver's rate stays the one the guard backed off on: these passes may not have
+  // waited for their stream before the clock started (copy_path.cpp), and probes need a fixed bar.
+  if (c.backed_off.load(std::memory_order_relaxed)) return;
   const double r = rate(bytes, ns);
   c.driver.store(r, std::memory_order_relaxed);
   c.driver_at.store(monotonic_ns(), std::memory_order_relaxed);

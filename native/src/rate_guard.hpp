@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "cmt/cuda_types.hpp"
+#include "engine.hpp"
 #include "spin.hpp"
 #include "types.hpp"
 
@@ -45,6 +46,10 @@ Verdict guard_decide(Guarded g, size_t bytes, double driver_gbps = 0);
 // How long a copy took through the engine (Stage) or the driver (both Pass verdicts), in ns.
 void guard_staged(Guarded g, size_t bytes, uint64_t ns);
 void guard_passed(Guarded g, size_t bytes, uint64_t ns);
+// Whether copies of this size go to the driver for now (but for probes): guard_decide never answers
+// PassToMeasure for them.
+bool guard_backed_off(Guarded g, size_t bytes);
+inline bool guard_backed_off(Direction d, size_t bytes) { return guard_backed_off(guarded(d), bytes); }
 inline Verdict guard_decide(Direction d, size_t bytes, double driver_gbps = 0) {
   return guard_decide(guarded(d), bytes, driver_gbps);
 }
@@ -52,9 +57,14 @@ inline void guard_staged(Direction d, size_t bytes, uint64_t ns) { guard_staged(
 inline void guard_passed(Direction d, size_t bytes, uint64_t ns) { guard_passed(guarded(d), bytes, ns); }
 
 // Runs the driver's own copy (call_real) of a copy cmt did not stage; times it for the guard when
-// the guard passed it (outcome BackedOff).
+// the guard passed it (outcome BackedOff); holds the setup's pinning back while it runs when it was
+// passed because its GPU's pipeline is being set up (outcome Warming, engine.hpp).
 template <typename CallReal>
 CUresult driver_copy(Outcome o, Direction d, size_t bytes, CallReal call_real) {
+  if (o == Outcome::Warming) {
+    WarmingPass pass;
+    return call_real();
+  }
   if (o != Outcome::BackedOff) return call_real();
   const uint64_t start = monotonic_ns();
   CUresult r = call_real();

@@ -5,7 +5,7 @@
 
 namespace cmt {
 
-bool StagingRing::ensure(int slots, size_t bytes) {
+bool StagingRing::ensure(int slots, size_t bytes, void (*before_each)()) {
   if (slot_bytes_ < bytes) {  // larger blocks than before: replace the buffers
     for (int s = 0; s < count_; ++s) {
       if (slots_[s].last_event) d_.cuEventSynchronize(slots_[s].last_event);
@@ -22,6 +22,7 @@ bool StagingRing::ensure(int slots, size_t bytes) {
                       "copies that need more staging go to the driver", node_pinned_budget_mib());
       return false;
     }
+    if (before_each) before_each();
     // Portable pinned memory. (The engine's own memory on transparent
     // huge pages, registered, measured the same: docs/engine-findings.md.)
     if (d_.cuMemHostAlloc(&slots_[count_].mem, slot_bytes_, CU_MEMHOSTALLOC_PORTABLE) != CUDA_SUCCESS) {

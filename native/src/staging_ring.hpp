@@ -33,8 +33,8 @@ class StagingRing {
  public:
   // At least `slots` buffers of at least `bytes` each. Buffers too small are replaced (after their
   // last DMA); false if pinned memory could not be had (the node's budget, node_budget.hpp, or the
-  // driver), with the buffers it got kept.
-  bool ensure(int slots, size_t bytes);
+  // driver), with the buffers it got kept. `before_each` (if given) runs before each buffer is pinned.
+  bool ensure(int slots, size_t bytes, void (*before_each)() = nullptr);
   int count() const { return count_; }
   // Readies `buffers` slots for a new copy; the first `chains` carry its blocks, the others are spares.
   void start_copy(int chains, int buffers) {

@@ -82,6 +82,12 @@ def test_stream_ordered_read_and_write_follow_their_streams_kernels(tmp_path):
             f.write(ref)
         s = torch.cuda.Stream()
         dst = torch.zeros(size, dtype=torch.uint8, device='cuda')
+        # The first read_async pins its pipeline's 256 MiB of staging in the calling thread: what that
+        # costs on this host (1.6 GB/s on a loaded H100 host, 155 ms) bounds its return.
+        t0 = time.perf_counter()
+        pinned = torch.empty(256 << 20, dtype=torch.uint8, pin_memory=True)
+        pin_us = (time.perf_counter() - t0) * 1e6
+        del pinned
         returned_us = []
         with cmt.io.open('data.bin', 'r') as f:
             for _ in range(2):  # the first makes the stream-ordered pipeline (pins its staging)
@@ -97,8 +103,9 @@ def test_stream_ordered_read_and_write_follow_their_streams_kernels(tmp_path):
                 s.synchronize()
                 assert fut.check_bytes_done(timeout=60) == size
                 assert same, 'a kernel after read_async did not see the file'
-        print(f'read_async returned in {returned_us[0]:.0f} us, then {returned_us[1]:.0f} us')
-        assert returned_us[0] < 100_000 and returned_us[1] < 5_000, returned_us
+        print(f'read_async returned in {returned_us[0]:.0f} us (pinning 256 MiB: {pin_us:.0f} us), '
+              f'then {returned_us[1]:.0f} us')
+        assert returned_us[0] < 1.5 * pin_us + 50_000 and returned_us[1] < 5_000, (returned_us, pin_us)
         # a write queued after a kernel writes what the kernel made
         out = torch.empty(64 << 20, dtype=torch.uint8, device='cuda')
         with cmt.io.open('out.bin', 'w') as f:
