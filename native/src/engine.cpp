@@ -40,21 +40,24 @@ int fresh_memory_threads() {
   return n;
 }
 
-// Copies passed to the driver while a pipeline is set up (WarmingPass): in flight, and ended so far.
-std::atomic<int> g_warming_passes{0};
-std::atomic<uint64_t> g_warming_ended{0};
-constexpr uint64_t kMaxWarmingPauseNs = 500'000'000;  // a pass that takes longer gets one buffer pinned under it
+// The program's copies in cmt's hands (CopyInFlight), and how many have ended so far.
+std::atomic<int> g_copies_in_flight{0};
+std::atomic<uint64_t> g_copies_ended{0};
+thread_local bool t_in_flight = false;  // this thread's copy counts in g_copies_in_flight
+std::atomic<uint64_t> g_setup_paused_ns{0};  // for the debug log
+constexpr uint64_t kMaxSetupPauseNs = 500'000'000;  // a copy that takes longer gets one buffer pinned under it
 
-// Before the setup pins a buffer: while copies passed to the driver run, waits until one of them
-// ends, then pins even if another has started, so that back-to-back copies cannot hold it forever.
-void let_warming_pass() {
-  if (g_warming_passes.load(std::memory_order_acquire) == 0) return;
-  const uint64_t ended = g_warming_ended.load(std::memory_order_acquire);
+// Before the setup pins a buffer: while the program's copies run, waits until one of them ends,
+// then pins even if another has started, so that back-to-back copies cannot hold it forever.
+void let_copies_through() {
+  if (g_copies_in_flight.load(std::memory_order_acquire) == 0) return;
+  const uint64_t ended = g_copies_ended.load(std::memory_order_acquire);
   const uint64_t start = monotonic_ns();
-  while (g_warming_passes.load(std::memory_order_acquire) > 0 &&
-         g_warming_ended.load(std::memory_order_acquire) == ended && monotonic_ns() - start < kMaxWarmingPauseNs) {
+  while (g_copies_in_flight.load(std::memory_order_acquire) > 0 &&
+         g_copies_ended.load(std::memory_order_acquire) == ended && monotonic_ns() - start < kMaxSetupPauseNs) {
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
+  g_setup_paused_ns.fetch_add(monotonic_ns() - start, std::memory_order_relaxed);
 }
 
 // A pipeline carries one copy at a time for one context (GPU): its own staging ring, DMA stream and
@@ -198,7 +201,10 @@ Pipeline* Engine::claim(const CopyRequest& req, Pass* pass, CUevent* tail) {
       break;
     }
     if (ticket == 0) waiting_.emplace_back(req.ctx, ticket = ++tickets_);
+    // While it waits (for the setup, or its turn), the copy does not hold the setup's pinning back.
+    if (t_in_flight) g_copies_in_flight.fetch_sub(1, std::memory_order_acq_rel);
     changed_.wait(lock);
+    if (t_in_flight) g_copies_in_flight.fetch_add(1, std::memory_order_acq_rel);
   }
   leave_line();
   changed_.notify_all();  // the next in line may go now
@@ -229,8 +235,14 @@ void Engine::prepare(Pipeline* p) {
     const Settings most = p->first ? *p->first : active_plan().largest();
     // Short of pinned memory (the node's budget), the ring keeps what it got: copies use fewer slots.
     ContextResources* res = nullptr;
-    ok = fit(p, p->ctx, buffers_of(most), chunk_of(most), &res, let_warming_pass) > 0;  // no copy runs before it is Ready
+    const uint64_t t0 = monotonic_ns();
+    ok = fit(p, p->ctx, buffers_of(most), chunk_of(most), &res, let_copies_through) > 0;  // no copy runs before it is Ready
+    const uint64_t t1 = monotonic_ns();
     pool_.prestart(threads_of(most) - 1);
+    log::write(log::Level::Debug, "staging pipeline set up: %d buffers of %zu bytes in %.1f ms (%.1f ms paused for "
+               "copies passed meanwhile), %d workers started in %.1f ms", p->ring.count(), p->ring.slot_bytes(),
+               static_cast<double>(t1 - t0) / 1e6, static_cast<double>(g_setup_paused_ns.load()) / 1e6,
+               threads_of(most) - 1, static_cast<double>(monotonic_ns() - t1) / 1e6);
   }
   {
     std::lock_guard<std::mutex> lock(pipelines_mutex_);
@@ -396,10 +408,16 @@ std::once_flag g_engine_once;
 
 }  // namespace
 
-WarmingPass::WarmingPass() { g_warming_passes.fetch_add(1, std::memory_order_acq_rel); }
-WarmingPass::~WarmingPass() {
-  g_warming_ended.fetch_add(1, std::memory_order_acq_rel);
-  g_warming_passes.fetch_sub(1, std::memory_order_acq_rel);
+CopyInFlight::CopyInFlight() {
+  if (t_in_flight) return;  // counted already
+  counted_ = t_in_flight = true;
+  g_copies_in_flight.fetch_add(1, std::memory_order_acq_rel);
+}
+CopyInFlight::~CopyInFlight() {
+  if (!counted_) return;
+  t_in_flight = false;
+  g_copies_ended.fetch_add(1, std::memory_order_acq_rel);
+  g_copies_in_flight.fetch_sub(1, std::memory_order_acq_rel);
 }
 
 CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns, Pass* pass) {

@@ -49,16 +49,20 @@ enum class Pass { No, Warming, Busy };
 // without it, the copy waits.
 CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns = nullptr, Pass* pass = nullptr);
 
-// Held around the driver's copy of a copy passed with Pass::Warming. A real driver's pageable copy
-// waits while another thread pins memory (H100, 2026-12-06: the first 64 MiB device-to-host copy
-// took 80 ms against 9 plain, the setup pinning 100 MiB meanwhile), so the setup pins no further
-// staging buffer until one such copy ends: a copy waits for one buffer's pinning at most.
-class WarmingPass {
+// Held around each intercepted copy, its checks and its driver call included. A real driver's calls
+// wait while another thread pins memory (H100, 2026-12-06: the first 64 MiB device-to-host copy took
+// 50-80 ms against 9 plain, its checks waiting on the setup's pinning of 112 MiB), so the setup pins
+// no further staging buffer while one runs: a copy waits for one buffer's pinning at most. A copy
+// that waits for the setup itself does not count meanwhile.
+class CopyInFlight {
  public:
-  WarmingPass();
-  ~WarmingPass();
-  WarmingPass(const WarmingPass&) = delete;
-  WarmingPass& operator=(const WarmingPass&) = delete;
+  CopyInFlight();
+  ~CopyInFlight();
+  CopyInFlight(const CopyInFlight&) = delete;
+  CopyInFlight& operator=(const CopyInFlight&) = delete;
+
+ private:
+  bool counted_ = false;
 };
 
 // For pipelines of their own (stream_pipeline.hpp): registers `run` with the engine's lane pool

@@ -15,6 +15,7 @@
 #include "cmt/cuda_types.hpp"
 #include "copy_path.hpp"
 #include "driver.hpp"
+#include "engine.hpp"
 #include "host_copy.hpp"
 #include "large_read.hpp"
 #include "env.hpp"
@@ -43,6 +44,7 @@ template <typename CallReal>
 CUresult intercept(EntryId id, Direction dir, const void* host, CUdeviceptr dev, size_t n, CUstream s,
                    DefaultStream ds, CallReal call_real) {
   CopyCall call{dir, const_cast<char*>(static_cast<const char*>(host)), dev, n, s, ds};
+  CopyInFlight in_flight;  // a pipeline's setup pins no staging meanwhile
   CUresult r = CUDA_SUCCESS;
   if (!recording()) {
     Outcome o = try_accelerate(call, &r);

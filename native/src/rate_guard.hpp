@@ -26,7 +26,6 @@
 #include <cstdint>
 
 #include "cmt/cuda_types.hpp"
-#include "engine.hpp"
 #include "spin.hpp"
 #include "types.hpp"
 
@@ -57,14 +56,9 @@ inline void guard_staged(Direction d, size_t bytes, uint64_t ns) { guard_staged(
 inline void guard_passed(Direction d, size_t bytes, uint64_t ns) { guard_passed(guarded(d), bytes, ns); }
 
 // Runs the driver's own copy (call_real) of a copy cmt did not stage; times it for the guard when
-// the guard passed it (outcome BackedOff); holds the setup's pinning back while it runs when it was
-// passed because its GPU's pipeline is being set up (outcome Warming, engine.hpp).
+// the guard passed it (outcome BackedOff).
 template <typename CallReal>
 CUresult driver_copy(Outcome o, Direction d, size_t bytes, CallReal call_real) {
-  if (o == Outcome::Warming) {
-    WarmingPass pass;
-    return call_real();
-  }
   if (o != Outcome::BackedOff) return call_real();
   const uint64_t start = monotonic_ns();
   CUresult r = call_real();
