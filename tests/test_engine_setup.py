@@ -28,10 +28,11 @@ def test_the_first_copies_go_to_the_driver_until_the_pipeline_is_ready(fake_driv
 
 
 def test_copies_passed_during_the_setup_do_not_wait_for_its_pinning(fake_driver_dir):
-    # A real driver's pageable copies wait while another thread pins memory (the stand-in's too, with
-    # FAKE_CUDA_HOST_ALLOC_US). The setup pins 8 buffers of 20 ms each; a copy passed to the driver
-    # meanwhile waits for the buffer being pinned, not for all of them: the setup pauses for it
-    # (on the H100 the first 64 MiB device-to-host copy took 80 ms under cmt, 9 plain).
+    # A real driver's calls wait while another thread pins memory (the stand-in's pageable copies and
+    # pointer queries too, with FAKE_CUDA_HOST_ALLOC_US). The setup pins 8 buffers of 20 ms each; a
+    # copy passed to the driver meanwhile waits for the buffer being pinned, not for all of them: the
+    # setup pauses while a copy is in flight, its checks included (on the H100 the first 64 MiB
+    # device-to-host copy took 50-80 ms under cmt, 9 plain).
     plan = ";".join(f"{d}:1=threads:2,buffers:6,chunk_bytes:1048576" for d in ("h2d", "d2h"))
     s = CopyServer(fake_driver_dir, CMT_PLAN=plan, CMT_TEST_HOOKS="guard=0", FAKE_CUDA_HOST_ALLOC_US="20000",
                    FAKE_CUDA_PAGEABLE_GBPS="2")

@@ -278,8 +278,8 @@ struct Global {
   std::atomic<double> copy_gbps{0}, pageable_gbps{0};  // set at init, or by fakecuda_set_copy_gbps
   bool no_stream_memops = false;  // FAKE_CUDA_NO_STREAM_MEMOPS=1: a device that cannot wait on memory
   double host_alloc_us = 0;  // FAKE_CUDA_HOST_ALLOC_US: pinning takes time (a real driver's: ms)
-  // While pinning takes that time, the driver's pageable copies wait, a MiB piece at a time: a real
-  // driver's do (H100, 2026-12-06: a first 64 MiB device-to-host copy took 80 ms, against 9 plain,
+  // While pinning takes that time, the driver's pageable copies wait, a MiB piece at a time, and so
+  // do pointer queries: a real driver's do (H100, 2026-12-06: a first 64 MiB device-to-host copy took 80 ms, against 9 plain,
   // while another thread pinned 100 MiB of staging).
   std::mutex pin_mu;
   std::condition_variable pin_cv;
@@ -1754,6 +1754,7 @@ FAKE_EXPORT CUresult cuPointerGetAttributes(unsigned int count, CUpointer_attrib
                                             CUdeviceptr p) {
   COUNT(cuPointerGetAttributes);
   NEED_INIT();
+  if (G().host_alloc_us > 0) wait_for_pinning(G());  // a real driver's query waits too (cmt's checks)
   if (count && (!attrs || !data)) return CUDA_ERROR_INVALID_VALUE;
   for (unsigned i = 0; i < count; ++i)
     if (!attr_size(attrs[i]) || !data[i]) return CUDA_ERROR_INVALID_VALUE;
