@@ -80,6 +80,9 @@ bool load_driver(bool load_if_absent) {
   d.cuMemHostGetDevicePointer =
       reinterpret_cast<PFN_cuMemHostGetDevicePointer_v2>(real_dlsym(h, "cuMemHostGetDevicePointer_v2"));
   d.cuCtxSynchronize = reinterpret_cast<PFN_cuCtxSynchronize>(real_dlsym(h, "cuCtxSynchronize"));
+  d.cuMemHostRegister = reinterpret_cast<PFN_cuMemHostRegister>(real_dlsym(h, "cuMemHostRegister_v2"));
+  d.cuMemHostUnregister = reinterpret_cast<PFN_cuMemHostUnregister>(real_dlsym(h, "cuMemHostUnregister"));
+  if (!d.cuMemHostRegister || !d.cuMemHostUnregister) d.cuMemHostRegister = nullptr;
   d.cuDeviceGetPCIBusId = reinterpret_cast<PFN_cuDeviceGetPCIBusId>(real_dlsym(h, "cuDeviceGetPCIBusId"));
   g_driver = d;
   return true;

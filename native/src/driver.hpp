@@ -70,6 +70,9 @@ struct Driver {
   PFN_cuEventQuery cuEventQuery = nullptr;
   PFN_cuMemHostAlloc cuMemHostAlloc = nullptr;
   PFN_cuMemFreeHost cuMemFreeHost = nullptr;
+  // The staging's pinning (staging_ring.cpp); without them it is cuMemHostAlloc's.
+  PFN_cuMemHostRegister cuMemHostRegister = nullptr;
+  PFN_cuMemHostUnregister cuMemHostUnregister = nullptr;
   PFN_cuPointerGetAttributes cuPointerGetAttributes = nullptr;
   PFN_cuThreadExchangeStreamCaptureMode cuThreadExchangeStreamCaptureMode = nullptr;
   // The engine's DMA calls (explicit non-blocking streams, pinned memory).

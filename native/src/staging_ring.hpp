@@ -19,6 +19,7 @@ constexpr int kMaxSlots = kMaxBuffers + kSpareSlots;
 
 struct Slot {
   void* mem = nullptr;
+  bool registered = false;             // mapped here and registered (else the driver's cuMemHostAlloc)
   CUevent last_event = nullptr;        // the slot's most recent DMA (any context)
   // For the copy in flight (its DMAs numbered 1, 2, ... per slot; 0 is the one before the copy):
   std::atomic<long> uses{0};           // DMAs queued
@@ -33,7 +34,7 @@ class StagingRing {
  public:
   // At least `slots` buffers of at least `bytes` each. Buffers too small are replaced (after their
   // last DMA); false if pinned memory could not be had (the node's budget, node_budget.hpp, or the
-  // driver), with the buffers it got kept. `before_each` (if given) runs before each buffer is pinned.
+  // driver), with the buffers it got kept. `before_each` (if given) runs before the driver pins each buffer.
   bool ensure(int slots, size_t bytes, void (*before_each)() = nullptr);
   int count() const { return count_; }
   // Readies `buffers` slots for a new copy; the first `chains` carry its blocks, the others are spares.

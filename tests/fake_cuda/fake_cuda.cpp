@@ -277,7 +277,7 @@ struct Global {
   int ndev = 1;
   std::atomic<double> copy_gbps{0}, pageable_gbps{0};  // set at init, or by fakecuda_set_copy_gbps
   bool no_stream_memops = false;  // FAKE_CUDA_NO_STREAM_MEMOPS=1: a device that cannot wait on memory
-  double host_alloc_us = 0;  // FAKE_CUDA_HOST_ALLOC_US: pinning takes time (a real driver's: ms)
+  double host_alloc_us = 0;  // FAKE_CUDA_HOST_ALLOC_US: pinning (alloc or register) takes time (a real driver's: ms)
   // While pinning takes that time, the driver's pageable copies wait, a MiB piece at a time, and so
   // do pointer queries: a real driver's do (H100, 2026-12-06: a first 64 MiB device-to-host copy took 80 ms, against 9 plain,
   // while another thread pinned 100 MiB of staging).
@@ -716,6 +716,16 @@ CUresult need_ctx(Context** out) {
   if (!c->alive) return kErrContextIsDestroyed;
   *out = c;
   return CUDA_SUCCESS;
+}
+
+// FAKE_CUDA_HOST_ALLOC_US: pinning (cuMemHostAlloc, cuMemHostRegister) takes that long, during which
+// other threads' pageable copies and pointer queries wait.
+void pinning_takes_time(Global& g) {
+  if (g.host_alloc_us <= 0) return;
+  { std::lock_guard<std::mutex> lock(g.pin_mu); ++g.pinning; }
+  std::this_thread::sleep_for(std::chrono::microseconds(static_cast<long>(g.host_alloc_us)));
+  { std::lock_guard<std::mutex> lock(g.pin_mu); --g.pinning; }
+  g.pin_cv.notify_all();
 }
 
 // A pageable copy's piece waits while another thread pins memory (Global::pinning).
@@ -1656,13 +1666,7 @@ FAKE_EXPORT CUresult cuMemHostAlloc(void** pp, size_t n, unsigned int flags) {
   CUresult rc = need_ctx(&c);
   if (rc) return rc;
   if (!pp) return CUDA_ERROR_INVALID_VALUE;
-  Global& g = G();
-  if (g.host_alloc_us > 0) {
-    { std::lock_guard<std::mutex> lock(g.pin_mu); ++g.pinning; }
-    std::this_thread::sleep_for(std::chrono::microseconds(static_cast<long>(g.host_alloc_us)));
-    { std::lock_guard<std::mutex> lock(g.pin_mu); --g.pinning; }
-    g.pin_cv.notify_all();
-  }
+  pinning_takes_time(G());
   return alloc_host_kind(pp, n, MKind::PINNED, c);
 }
 
@@ -1692,6 +1696,7 @@ FAKE_EXPORT CUresult cuMemHostRegister_v2(void* p, size_t n, unsigned int flags)
   if (!p || !n) return CUDA_ERROR_INVALID_VALUE;
   uintptr_t s = reinterpret_cast<uintptr_t>(p);
   if (in_device_va(s)) return CUDA_ERROR_INVALID_VALUE;
+  pinning_takes_time(G());
   Global& g = G();
   std::unique_lock<std::shared_mutex> lk(g.table_mu);
   auto it = g.table.lower_bound(s);

@@ -116,6 +116,8 @@ typedef CUresult (*PFN_cuEventQuery)(CUevent);
 typedef CUresult (*PFN_cuEventElapsedTime)(float*, CUevent, CUevent);
 typedef CUresult (*PFN_cuMemHostAlloc)(void**, size_t, unsigned int);
 typedef CUresult (*PFN_cuMemFreeHost)(void*);
+typedef CUresult (*PFN_cuMemHostRegister)(void*, size_t, unsigned int);
+typedef CUresult (*PFN_cuMemHostUnregister)(void*);
 typedef CUresult (*PFN_cuPointerGetAttributes)(unsigned int, CUpointer_attribute*, void**, CUdeviceptr);
 typedef CUresult (*PFN_cuThreadExchangeStreamCaptureMode)(CUstreamCaptureMode*);
 
