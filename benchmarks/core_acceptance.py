@@ -265,14 +265,15 @@ def main() -> None:
     # Small copies differ by less than processes do from one another (8.6-12.2 µs per copy for the
     # same side on the H200 machine): alternate plain and cmt processes, keep each side's median,
     # and the median of the pairs' ratios.
-    small = {"plain": [], "cmt": []}
-    for _ in range(0 if args.first_use else 5):
-        for side, prefix in (("plain", []), ("cmt", under_cmt)):
-            small[side].append(run(prefix, "--inner-small")[0]["h2d_4KiB_x1e5"])
-    for side, into in (("plain", plain), ("cmt", cmt)) if small["plain"] else ():
-        per_run = [r["us_per_copy"] for r in small[side]]
-        into["h2d_4KiB_x1e5"] = {**small[side][0], "us_per_copy": statistics.median(per_run),
-                                 "runs_us_per_copy": [round(x, 3) for x in per_run]}
+    if not args.first_use:
+        small = {"plain": [], "cmt": []}
+        for _ in range(5):
+            for side, prefix in (("plain", []), ("cmt", under_cmt)):
+                small[side].append(run(prefix, "--inner-small")[0]["h2d_4KiB_x1e5"])
+        for side, into in (("plain", plain), ("cmt", cmt)):
+            per_run = [r["us_per_copy"] for r in small[side]]
+            into["h2d_4KiB_x1e5"] = {**small[side][0], "us_per_copy": statistics.median(per_run),
+                                     "runs_us_per_copy": [round(x, 3) for x in per_run]}
     rows = {}
     for key in plain:
         p, c = plain[key], cmt[key]
@@ -288,7 +289,7 @@ def main() -> None:
             if "runs_us_per_copy" in p:
                 pairs = [b / a for a, b in zip(p["runs_us_per_copy"], c["runs_us_per_copy"], strict=True)]
                 rows[key]["pair_slowdown_pct"] = round((statistics.median(pairs) - 1) * 100, 2)
-    for tag in ("64MiB", "1GiB") if not args.first_use else ():
+    for tag in () if args.first_use else ("64MiB", "1GiB"):  # (first use: no steady copies to compare)
         for d in ("h2d", "d2h"):
             if f"{d}_cudamemcpy_pinned_{tag}" in cmt:  # cudaMemcpy against cudaMemcpy, in the cmt run
                 rows[f"{d}_cudamemcpy_pageable_{tag}"].update(ratio_fields(

@@ -40,10 +40,19 @@ int fresh_memory_threads() {
   return n;
 }
 
-// The program's copies in cmt's hands (CopyInFlight), and how many have ended so far.
+// The program's copies in cmt's hands (CopyInFlight) that the setup waits for, and how many have
+// ended so far. They are counted only while a pipeline is being set up (g_preparing): the rest of
+// the time an intercepted copy pays one load of a line nobody writes.
+std::atomic<int> g_preparing{0};
 std::atomic<int> g_copies_in_flight{0};
 std::atomic<uint64_t> g_copies_ended{0};
-thread_local bool t_in_flight = false;  // this thread's copy counts in g_copies_in_flight
+thread_local bool t_in_copy = false;    // this thread is inside an intercepted copy
+thread_local bool t_in_flight = false;  // and it counts in g_copies_in_flight
+
+void count_in_flight() {
+  t_in_flight = true;
+  g_copies_in_flight.fetch_add(1, std::memory_order_acq_rel);
+}
 std::atomic<uint64_t> g_setup_paused_ns{0};  // for the debug log
 constexpr uint64_t kMaxSetupPauseNs = 500'000'000;  // a copy that takes longer gets one buffer pinned under it
 
@@ -155,6 +164,9 @@ bool Engine::make(CUcontext ctx, const std::optional<Settings>& first) {
     return false;
   }
   pipelines_.push_back(p);
+  g_preparing.fetch_add(1, std::memory_order_acq_rel);
+  // The copy that makes it was not counted (nothing was being set up): its setup waits for it too.
+  if (t_in_copy && !t_in_flight) count_in_flight();
   std::thread([this, p] { prepare(p); }).detach();
   return true;
 }
@@ -248,6 +260,7 @@ void Engine::prepare(Pipeline* p) {
     std::lock_guard<std::mutex> lock(pipelines_mutex_);
     p->state.store(ok ? Pipeline::Ready : Pipeline::Failed, std::memory_order_release);
   }
+  g_preparing.fetch_sub(1, std::memory_order_acq_rel);
   changed_.notify_all();
   if (!ok) log::write(log::Level::Debug, "the staging pipeline could not be set up; copies go to the driver");
 }
@@ -409,12 +422,14 @@ std::once_flag g_engine_once;
 }  // namespace
 
 CopyInFlight::CopyInFlight() {
-  if (t_in_flight) return;  // counted already
-  counted_ = t_in_flight = true;
-  g_copies_in_flight.fetch_add(1, std::memory_order_acq_rel);
+  if (t_in_copy) return;  // inside another: that one counts
+  owner_ = t_in_copy = true;
+  if (g_preparing.load(std::memory_order_acquire) > 0) count_in_flight();
 }
 CopyInFlight::~CopyInFlight() {
-  if (!counted_) return;
+  if (!owner_) return;
+  t_in_copy = false;
+  if (!t_in_flight) return;
   t_in_flight = false;
   g_copies_ended.fetch_add(1, std::memory_order_acq_rel);
   g_copies_in_flight.fetch_sub(1, std::memory_order_acq_rel);

@@ -53,7 +53,8 @@ CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns = nullptr, Pass* p
 // wait while another thread pins memory (H100, 2026-12-06: the first 64 MiB device-to-host copy took
 // 50-80 ms against 9 plain, its checks waiting on the setup's pinning of 112 MiB), so the setup pins
 // no further staging buffer while one runs: a copy waits for one buffer's pinning at most. A copy
-// that waits for the setup itself does not count meanwhile.
+// that waits for the setup itself does not count meanwhile; nor do copies while no pipeline is being
+// set up (a copy already running when another thread's starts a setup is not waited for).
 class CopyInFlight {
  public:
   CopyInFlight();
@@ -62,7 +63,7 @@ class CopyInFlight {
   CopyInFlight& operator=(const CopyInFlight&) = delete;
 
  private:
-  bool counted_ = false;
+  bool owner_ = false;
 };
 
 // For pipelines of their own (stream_pipeline.hpp): registers `run` with the engine's lane pool
