@@ -407,43 +407,65 @@ def test_the_drivers_slow_first_copy_is_measured_again(fake_driver_dir):
 
 # ---- the node's budget of copy threads ------------------------------------------------------------
 
+def _lanes_settle(server, want: dict, timeout_s: float = 20) -> dict:
+    """Polls the node's lanes until every key of `want` has its value (lanes move between two pieces
+    of a copy); returns the last answer."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = server("node_lanes")
+        if all(got[k] == v for k, v in want.items()) or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)
+
+
 def test_processes_share_the_nodes_budget_and_a_killed_ones_lanes_come_back(fake_driver_dir):
-    """Two processes with a budget of 4 worker lanes (CMT_NODE_THREADS): while the first holds 3 in a
-    long copy, the second's copy gets the 1 left; when the first is killed mid-copy, its lanes return."""
+    """Two processes with a budget of 4 worker lanes (CMT_NODE_THREADS): the first takes 3 while it
+    copies alone; the second's copy gets the 1 left, then its fair share of 2 from the first during
+    both copies; never more than the budget. When the first is killed mid-copy, its lanes return."""
     env = {"CMT_NODE_THREADS": "4", "FAKE_CUDA_COPY_GBPS": "0.02",
            "CMT_PLAN": ";".join(f"{d}:1=threads:4,buffers:2,chunk_bytes:1048576" for d in ("h2d", "d2h"))}
     a, b = CopyServer(fake_driver_dir, **env), CopyServer(fake_driver_dir, **env)
     try:
         before = b("node_lanes")["in_use"]
         assert b("node_lanes")["budget"] == 4
-        a("hold", size=16 * MIB)
-        assert b("node_lanes")["in_use"] == before + 3
-        b("hold", size=16 * MIB)
-        assert b("node_lanes")["in_use"] == 4  # never more than the budget
+        a("hold", size=96 * MIB)  # 4.8 s on the slow link
+        assert a("node_lanes")["mine"] == 3 and b("node_lanes")["in_use"] == before + 3
+        b("hold", size=192 * MIB, settle_s=0)  # 9.6 s
+        seen = [b("node_lanes")["in_use"] for _ in range(20)]
+        assert _lanes_settle(b, {"mine": 2})["mine"] == 2  # taken up while its copy runs
+        assert a("node_lanes")["mine"] == 2  # let go while its copy runs
+        assert max(seen) <= 4 and b("node_lanes")["in_use"] == 4, seen  # never more than the budget
+        assert a("held")["exact"] == [True]  # the copy whose lane left mid-copy
+        a("hold", size=96 * MIB)  # again, while b still copies: its share is free
+        assert a("node_lanes")["mine"] == 2
         a.proc.kill()
         a.proc.wait(timeout=30)
-        assert b("node_lanes")["in_use"] == 1  # the killed process's 3 came back; b still holds 1
+        assert b("node_lanes")["in_use"] == 2  # the killed process's 2 came back; b still holds 2
     finally:
         for server in (a, b):  # and reaped: a zombie's pid still exists, and its share with it
             server.proc.kill()
             server.proc.wait(timeout=30)
 
 
-def test_a_process_that_copies_while_another_does_gets_a_fair_share_from_the_next_copy(fake_driver_dir):
-    """A budget of 4 worker lanes: the first process's copy takes 3 while it copies alone; the second
-    gets the 1 left. The first's next copy, while the second still copies, takes a fair share, 2 of
-    the 3 free, not all of them."""
+def test_a_copy_that_lacks_its_share_takes_up_lanes_that_come_free(fake_driver_dir):
+    """A budget of 4 worker lanes: the first process's short copy takes 3; the second's long copy
+    gets the 1 left and lacks 1 of its fair share (2). The first's copy ends, and the second's copy
+    takes up the lane it lacked while it runs, not only from its next copy on. The first copies
+    again and takes its share of what is free; the second, at its share, lets nothing go."""
     env = {"CMT_NODE_THREADS": "4", "FAKE_CUDA_COPY_GBPS": "0.02",
            "CMT_PLAN": ";".join(f"{d}:1=threads:4,buffers:2,chunk_bytes:1048576" for d in ("h2d", "d2h"))}
     a, b = CopyServer(fake_driver_dir, **env), CopyServer(fake_driver_dir, **env)
     try:
         before = b("node_lanes")["in_use"]
-        a("hold", size=16 * MIB)  # 0.8 s on the slow link
-        assert b("node_lanes")["in_use"] == before + 3
-        b("hold", size=96 * MIB, settle_s=1.5)  # 4.8 s; a's copy ends meanwhile
-        assert b("node_lanes")["in_use"] == before + 1
-        a("hold", size=16 * MIB)
-        assert b("node_lanes")["in_use"] == before + 1 + 2  # a's share of 4 between two: 2
+        a("hold", size=12 * MIB, settle_s=0.2)  # 0.6 s on the slow link
+        b("hold", size=96 * MIB, settle_s=0)
+        assert _lanes_settle(a, {"mine": 0})["mine"] == 0  # a's copy ended
+        assert _lanes_settle(b, {"mine": 2})["mine"] == 2, b("node_lanes")
+        a("hold", size=96 * MIB)  # a copies again: its share of 2 is free; b, at its share, keeps 2
+        assert _lanes_settle(a, {"mine": 2})["mine"] == 2
+        time.sleep(0.3)
+        assert b("node_lanes")["mine"] == 2 and b("node_lanes")["in_use"] == before + 4
+        assert b("held")["exact"] == [True] and a("held")["exact"] == [True, True]  # lanes that joined mid-copy
     finally:
         for server in (a, b):
             server.proc.kill()

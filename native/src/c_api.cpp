@@ -104,10 +104,11 @@ API_EXPORT int cmt_host_copy(void* dst, const void* src, size_t bytes, const Set
 // files against them and lays out the Settings struct for cmt_memcpy from them.
 API_EXPORT int cmt_settings_schema(char* buf, size_t len) { return copy_string(settings_schema_json(), buf, len); }
 
-// The node's budget of copy threads and the worker lanes all live processes of this user hold now
-// (node_budget.hpp).
+// The node's budget of copy threads and the worker lanes all live processes of this user, and this
+// one, hold now (node_budget.hpp).
 API_EXPORT int cmt_node_budget() { return node_budget(); }
 API_EXPORT int cmt_node_lanes_in_use() { return node_lanes_in_use(); }
+API_EXPORT int cmt_node_lanes_mine() { return node_lanes_mine(); }
 // The CPUs other programs kept busy lately, which copies leave to them (cpu_load.hpp).
 API_EXPORT double cmt_others_busy_cpus() { return others_busy_cpus(); }
 // The node's budget of pinned staging and what all live processes of this user pinned, in MiB.

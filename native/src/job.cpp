@@ -8,6 +8,7 @@
 
 #include "env.hpp"
 #include "fast_copy.hpp"
+#include "lane_pool.hpp"
 #include "log.hpp"
 #include "spin.hpp"
 #include "stats.hpp"
@@ -309,6 +310,7 @@ void Job::run_lane(int lane) {
   }
   LaneRecord& me = lanes_[lane];
   for (;;) {
+    if (!LanePool::between_pieces(lane)) break;  // the node's budget wants this lane elsewhere
     const size_t p = next.fetch_add(1, std::memory_order_relaxed);
     if (p >= plan.pieces) break;
     me.since.store(0, std::memory_order_relaxed);

@@ -26,6 +26,8 @@ constexpr std::chrono::microseconds kSpinYield{50};
 
 constexpr uint64_t kInside = (uint64_t(1) << 15) - 1;
 
+thread_local LanePool::Run* t_run = nullptr;  // the run this thread is a lane of
+
 }  // namespace
 
 bool LanePool::add(Run* run) {
@@ -33,6 +35,7 @@ bool LanePool::add(Run* run) {
   int n = run_count_.load(std::memory_order_relaxed);
   if (n == kMaxRuns) return false;
   runs_[n] = run;
+  run->pool = this;
   run_count_.store(n + 1, std::memory_order_release);
   return true;
 }
@@ -46,22 +49,26 @@ void LanePool::prestart(int workers) {
 
 void LanePool::run(Run& r, int lanes, Work work, void* arg, Clock::duration spin_tail) {
   // Workers as the node's budget allows (node_budget.hpp); a run always has its caller.
-  const int taken = take_lanes(lanes - 1), granted = taken + 1;
-  const int busy = workers_busy_.fetch_add(taken, std::memory_order_relaxed) + taken;
-  if (granted > 1) {
-    if (workers_.load(std::memory_order_relaxed) < busy) prestart(busy);
+  int short_by = 0;
+  const int taken = take_lanes(lanes - 1, &short_by);
+  r.held.store(taken, std::memory_order_relaxed);
+  r.short_by.store(short_by, std::memory_order_relaxed);
+  // A run that lacks lanes keeps its door open for those that come free meanwhile.
+  const bool open = taken > 0 || short_by > 0;
+  if (open) {
     r.work = work;
     r.arg = arg;
     r.spin_tail = spin_tail;
-    r.wanted.store(granted - 1, std::memory_order_relaxed);
+    r.wanted.store(0, std::memory_order_relaxed);
     const uint64_t gen = (r.door.load(std::memory_order_relaxed) >> 32) + 1;
     r.door.store(gen << 32, std::memory_order_release);  // open, nobody inside
-    ticket_.fetch_add(1, std::memory_order_release);
-    { std::lock_guard<std::mutex> wake(wake_mutex_); }
-    wake_cv_.notify_all();
+    admit(r, taken);
   }
+  Run* outer = t_run;
+  t_run = &r;
   work(arg, 0);
-  if (granted > 1) {
+  t_run = outer;
+  if (open) {
     r.door.fetch_or(kDoorClosed, std::memory_order_acq_rel);
     Backoff backoff;
     while ((r.door.load(std::memory_order_acquire) & kInside) != 0) backoff.pause();
@@ -69,8 +76,39 @@ void LanePool::run(Run& r, int lanes, Work work, void* arg, Clock::duration spin
     r.returned_at.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
     r.returned_gen.store(r.door.load(std::memory_order_relaxed) >> 32, std::memory_order_release);
   }
-  workers_busy_.fetch_sub(taken, std::memory_order_relaxed);
-  give_lanes(taken);
+  // Every worker has left: what the run holds now is what it took, took up and did not let go.
+  const int held = r.held.load(std::memory_order_relaxed);
+  workers_busy_.fetch_sub(held, std::memory_order_relaxed);
+  give_lanes(held, r.short_by.load(std::memory_order_relaxed));
+}
+
+void LanePool::admit(Run& r, int more) {
+  if (more <= 0) return;
+  const int busy = workers_busy_.fetch_add(more, std::memory_order_relaxed) + more;
+  if (workers_.load(std::memory_order_relaxed) < busy) prestart(busy);
+  r.wanted.fetch_add(more, std::memory_order_release);
+  ticket_.fetch_add(1, std::memory_order_release);
+  { std::lock_guard<std::mutex> wake(wake_mutex_); }
+  wake_cv_.notify_all();
+}
+
+bool LanePool::between_pieces(int lane) {
+  Run* r = t_run;
+  if (!r) return true;
+  if (lane == 0) {
+    if (r->short_by.load(std::memory_order_relaxed) > 0) {
+      if (const int got = take_more_lanes(r->short_by.load(std::memory_order_relaxed)); got > 0) {
+        r->short_by.fetch_sub(got, std::memory_order_relaxed);
+        r->held.fetch_add(got, std::memory_order_relaxed);
+        r->pool->admit(*r, got);
+      }
+    }
+    return true;
+  }
+  if (!lane_over_share()) return true;
+  r->held.fetch_sub(1, std::memory_order_relaxed);
+  r->pool->workers_busy_.fetch_sub(1, std::memory_order_relaxed);
+  return false;
 }
 
 void LanePool::start_worker(int index) {
@@ -119,7 +157,9 @@ void LanePool::worker_main(int index) {
       uint64_t gen = 0;
       if (Run* r = enter_any(&lane, &gen)) {
         numa_follow(r->place, &node);
+        t_run = r;
         r->work(r->arg, lane);
+        t_run = nullptr;
         tail = r->spin_tail;  // read before the run may end and its next copy replace it
         leave(r);
         served = r;

@@ -7,6 +7,8 @@
 // closes it once it runs out of work and then waits for the workers inside alone. A worker the
 // scheduler wakes late thus finds the door closed and never holds a copy up.
 //
+// Lanes follow the node's fair shares while copies run (between_pieces, node_budget.hpp).
+//
 // Idle workers that took part in a copy spin for a while after it returns before they sleep
 // (CMT_SPIN_US, plus the copy's `spin_tail`), so that back-to-back copies start without a futex
 // wake-up per worker; while spinning they offer their CPU to other threads every 50 µs.
@@ -41,6 +43,9 @@ class LanePool {
     std::atomic<Clock::rep> returned_at{0};  // when generation returned_gen returned
     std::atomic<uint64_t> returned_gen{0};
     const NumaPlace* place = nullptr;  // where its workers run (numa_place.hpp); nullptr: anywhere
+    LanePool* pool = nullptr;
+    std::atomic<int> held{0};      // worker lanes this copy holds of the node's budget
+    std::atomic<int> short_by{0};  // and lacks of its fair share (node_budget.hpp)
   };
 
   // Registers a run; false when kMaxRuns are registered already.
@@ -52,6 +57,11 @@ class LanePool {
   // other runs hold of the budget (at least the caller's own). Workers then spin for `spin_tail`
   // beyond the usual spin.
   void run(Run& r, int lanes, Work work, void* arg, Clock::duration spin_tail);
+  // Called by a copy's lanes between two pieces: its caller (lane 0) takes up lanes that came free
+  // while the copy lacks its share; a worker lane whose process holds more than its share while
+  // other processes lack lanes gets false, and leaves the copy (its lane given back). Other lanes
+  // take the pieces it leaves.
+  static bool between_pieces(int lane);
   // A forked child has none of the parent's threads: the pool must never wait for them.
   void forget() { forked_ = true; }
   bool forgotten() const { return forked_; }
@@ -63,6 +73,8 @@ class LanePool {
   // Enters some open run that still wants workers; returns it (and the lane) or nullptr.
   Run* enter_any(int* lane, uint64_t* gen);
   static void leave(Run* r) { r->door.fetch_sub(1, std::memory_order_release); }
+  // Opens the door of a run to more workers and wakes them.
+  void admit(Run& r, int more);
 
   std::mutex start_mutex_;          // starting workers, registering runs
   std::atomic<int> workers_{0};     // worker threads started

@@ -22,13 +22,14 @@ namespace cmt {
 namespace {
 
 constexpr int kSlots = 256;
-constexpr uint64_t kMagic = 0x636d742d62756433;  // "cmt-bud3"
+constexpr uint64_t kMagic = 0x636d742d62756434;  // "cmt-bud4"
 
 struct Slot {
   std::atomic<int32_t> pid;         // 0: free
   std::atomic<int32_t> lanes;       // worker lanes this process's copies hold
   std::atomic<int32_t> pinned_mib;  // staging this process pinned
   std::atomic<int32_t> copies;      // its copies (lane runs) in flight
+  std::atomic<int32_t> wanting;     // worker lanes its copies in flight lack of their fair share
 };
 
 struct Segment {
@@ -36,6 +37,7 @@ struct Segment {
   std::atomic<int32_t> total;         // the sum of the live slots' lanes
   std::atomic<int32_t> pinned_total;  // and of their pinned MiB
   std::atomic<int32_t> copying;       // the live slots with copies in flight
+  std::atomic<int32_t> wanting;       // the sum of the live slots' wanting
   Slot slots[kSlots];
 };
 static_assert(std::atomic<int32_t>::is_always_lock_free, "the segment is shared between processes");
@@ -50,7 +52,7 @@ bool gone(int32_t pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; 
 Segment* map_segment() {
   char name[64];
   // The layout's version is in the name: processes of another cmt version keep their own budget.
-  snprintf(name, sizeof name, "/cmt-budget3-%u", static_cast<unsigned>(getuid()));
+  snprintf(name, sizeof name, "/cmt-budget4-%u", static_cast<unsigned>(getuid()));
   void* p = MAP_FAILED;
   int fd = shm_open(name, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd >= 0) {
@@ -79,6 +81,8 @@ void reclaim(Segment* s) {
     int32_t pinned = slot.pinned_mib.exchange(0, std::memory_order_acq_rel);
     if (pinned) s->pinned_total.fetch_sub(pinned, std::memory_order_acq_rel);
     if (slot.copies.exchange(0, std::memory_order_acq_rel) > 0) s->copying.fetch_sub(1, std::memory_order_acq_rel);
+    int32_t wanting = slot.wanting.exchange(0, std::memory_order_acq_rel);
+    if (wanting) s->wanting.fetch_sub(wanting, std::memory_order_acq_rel);
     int32_t expected = pid;
     slot.pid.compare_exchange_strong(expected, 0, std::memory_order_acq_rel);
   }
@@ -100,6 +104,7 @@ Slot* mine() {
       slot.lanes.store(0, std::memory_order_relaxed);
       slot.pinned_mib.store(0, std::memory_order_relaxed);
       slot.copies.store(0, std::memory_order_relaxed);
+      slot.wanting.store(0, std::memory_order_relaxed);
       g_mine = &slot;
       return g_mine;
     }
@@ -157,38 +162,94 @@ int node_budget() {
   return budget;
 }
 
-// A copy takes at most a fair share: the budget over the processes copying now, this one included,
-// over this process's copies running at once (to different GPUs).
-// The lanes a copy holds are not taken back mid-copy, so a process that starts copying while others
-// hold most of the budget gets what is left, and its share from the others' next copies on
-// (`cmt bench load`, H100 2026-12-05: four processes copying 1 GiB each got 0.37-1.73 of an equal
-// share, first come first served, and together no more than plain copies).
-int take_lanes(int wanted) {
-  Slot* slot = mine();
-  // The CPUs other programs keep busy (cpu_load.hpp), less the lanes other cmt processes hold (they
-  // are shared out below).
+// The CPUs copies may use now: the budget, or on a busy host the CPUs other programs leave (the
+// caller's own among them), less what other cmt processes hold, which is shared out below. Kept
+// for the lanes' checks between pieces (a read of /proc/stat is too dear there).
+std::atomic<int> g_cpus{0};
+
+int cpus_now(Slot* slot) {
   double others = others_busy_cpus();
   if (slot) others -= g_segment->total.load(std::memory_order_acquire) - slot->lanes.load(std::memory_order_acquire);
   const int busy = static_cast<int>(std::lround(std::max(0.0, others)));
-  // On a busy host, only the CPUs left, the caller's own among them.
   const int cpus = busy > 0 ? std::max(1, node_budget() - busy - 1) : node_budget();
+  g_cpus.store(cpus, std::memory_order_relaxed);
+  return cpus;
+}
+
+// This process's fair share of worker lanes: the CPUs over the processes copying now.
+int process_share(int cpus) {
+  const int copying = std::max(1, static_cast<int>(g_segment->copying.load(std::memory_order_acquire)));
+  return (cpus + copying - 1) / copying;
+}
+
+void add_wanting(Slot* slot, int32_t n) {
+  if (!n || !slot) return;
+  slot->wanting.fetch_add(n, std::memory_order_acq_rel);
+  g_segment->wanting.fetch_add(n, std::memory_order_acq_rel);
+}
+
+// A copy takes at most a fair share: the budget over the processes copying now, this one included,
+// over this process's copies running at once (to different GPUs). What it lacks of that share
+// because others hold the budget, it is `short_by`, and the lanes rebalance while the copies run:
+// a lane of a process above its share leaves between two pieces while others lack lanes
+// (lane_over_share), and the short copy takes the lanes that come free (take_more_lanes).
+// Without that, four processes copying 1 GiB at once each on the H100 (`cmt bench load`,
+// 2026-12-05/06) got 0.37-1.73 of an equal share, first come first served: two copied on 10 lanes
+// and two on their caller alone (4.4 GB/s), and together no faster than plain copies.
+int take_lanes(int wanted, int* short_by) {
+  *short_by = 0;
+  Slot* slot = mine();
+  const int cpus = cpus_now(slot);
   int share = cpus;  // worker lanes
   if (slot) {
     const int32_t mine_now = slot->copies.fetch_add(1, std::memory_order_acq_rel) + 1;
     if (mine_now == 1) g_segment->copying.fetch_add(1, std::memory_order_acq_rel);
-    const int copying = std::max(1, static_cast<int>(g_segment->copying.load(std::memory_order_acquire)));
-    const int process_share = (cpus + copying - 1) / copying;
-    share = (process_share + mine_now - 1) / mine_now;
+    share = (process_share(cpus) + mine_now - 1) / mine_now;
   }
-  return take(&Segment::total, &Slot::lanes, node_budget(), std::min(wanted, share), false);
+  const int asked = std::min(wanted, share);
+  const int got = take(&Segment::total, &Slot::lanes, node_budget(), asked, false);
+  if (slot && got < asked) {
+    *short_by = asked - got;
+    add_wanting(slot, *short_by);
+  }
+  return got;
 }
 
-void give_lanes(int taken) {
-  give(&Segment::total, &Slot::lanes, taken);
-  if (g_mine && g_pid == static_cast<int>(getpid()) && g_mine->copies.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    g_segment->copying.fetch_sub(1, std::memory_order_acq_rel);
-  }
+int take_more_lanes(int short_by) {
+  Slot* slot = g_mine;
+  if (short_by <= 0 || !slot || g_pid != static_cast<int>(getpid())) return 0;
+  Segment* s = g_segment;
+  if (s->total.load(std::memory_order_acquire) >= node_budget()) return 0;  // the common case: nothing free
+  const int room = process_share(g_cpus.load(std::memory_order_relaxed)) - slot->lanes.load(std::memory_order_acquire);
+  const int got = take(&Segment::total, &Slot::lanes, node_budget(), std::min(short_by, room), false);
+  add_wanting(slot, -got);
+  return got;
 }
+
+bool lane_over_share() {
+  Slot* slot = g_mine;
+  if (!slot || g_pid != static_cast<int>(getpid())) return false;
+  Segment* s = g_segment;
+  const int32_t wanting = s->wanting.load(std::memory_order_acquire) - slot->wanting.load(std::memory_order_acquire);
+  if (wanting <= 0) return false;  // the common case: nobody lacks lanes
+  // Lanes that are free already go to the short copies without this one.
+  if (wanting <= node_budget() - s->total.load(std::memory_order_acquire)) return false;
+  const int share = process_share(g_cpus.load(std::memory_order_relaxed));
+  int32_t lanes = slot->lanes.load(std::memory_order_acquire);
+  do {
+    if (lanes <= share) return false;
+  } while (!slot->lanes.compare_exchange_weak(lanes, lanes - 1, std::memory_order_acq_rel));
+  s->total.fetch_sub(1, std::memory_order_acq_rel);
+  return true;
+}
+
+void give_lanes(int taken, int short_by) {
+  give(&Segment::total, &Slot::lanes, taken);
+  if (!g_mine || g_pid != static_cast<int>(getpid())) return;
+  add_wanting(g_mine, -short_by);
+  if (g_mine->copies.fetch_sub(1, std::memory_order_acq_rel) == 1) g_segment->copying.fetch_sub(1, std::memory_order_acq_rel);
+}
+int node_lanes_mine() { return g_mine && g_pid == static_cast<int>(getpid()) ? g_mine->lanes.load() : 0; }
 int node_lanes_in_use() { return in_use(&Segment::total); }
 
 long node_pinned_budget_mib() {

@@ -348,25 +348,40 @@ def timed_copies(req: dict) -> dict:
     return {"ok_bytes": ok, "stats": stats_delta(before, after), "events": events}
 
 
-_held: list[threading.Thread] = []
+_held: list[tuple[threading.Thread, bytes, int, list]] = []
 
 
 def hold(req: dict) -> dict:
-    """Starts a host-to-device copy of `size` bytes in a thread of its own and returns at once: its
-    lanes are held while it runs (on a slow stand-in link)."""
+    """Starts a host-to-device copy of `size` random bytes in a thread of its own and returns at
+    once: its lanes are held while it runs (on a slow stand-in link)."""
     n = req["size"]
-    src = ctypes.create_string_buffer(n)
+    data = random.Random(len(_held)).randbytes(n)
+    src = ctypes.create_string_buffer(data, n)
     dev = drv.mem_alloc(n)
+    result: list = []
 
     def work() -> None:
         drv.ctx_set_current(ctx)
         drv.memcpy("cuMemcpyHtoD_v2", dev, src, n)
+        drv.ctx_synchronize()  # a pageable copy may return before its last DMAs land, as CUDA's does
+        result.append(drv.peek(dev, n) == data)
 
     t = threading.Thread(target=work)
     t.start()
-    _held.append(t)
+    _held.append((t, data, dev, result))
     time.sleep(req.get("settle_s", 0.3))
     return {}
+
+
+def held(_req: dict) -> dict:
+    """Waits for every copy `hold` started; whether each one's bytes all arrived."""
+    exact = []
+    for t, _data, dev, result in _held:
+        t.join()
+        drv.mem_free(dev)
+        exact.append(bool(result and result[0]))
+    _held.clear()
+    return {"exact": exact}
 
 
 def one_way(req: dict) -> dict:
@@ -404,10 +419,11 @@ def counts(req: dict) -> dict:
 
 def node_lanes(_req: dict) -> dict:
     """The node's budgets of copy threads and pinned staging (MiB), and what all this user's processes
-    hold of them now."""
+    (and this one's copies: mine) hold of them now."""
     _cmt.cmt_node_pinned_budget_mib.restype = _cmt.cmt_node_pinned_in_use_mib.restype = ctypes.c_long
     _cmt.cmt_others_busy_cpus.restype = ctypes.c_double
     return {"budget": _cmt.cmt_node_budget(), "in_use": _cmt.cmt_node_lanes_in_use(),
+            "mine": _cmt.cmt_node_lanes_mine(),
             "pinned_budget": _cmt.cmt_node_pinned_budget_mib(), "pinned_in_use": _cmt.cmt_node_pinned_in_use_mib(),
             "others_busy": _cmt.cmt_others_busy_cpus()}
 
@@ -504,7 +520,7 @@ def fork(req: dict) -> dict:
 def main() -> None:
     handlers = {"roundtrip": roundtrip, "ordering": ordering, "concurrent": concurrent, "call": call,
                 "fork": fork, "multi_device": multi_device, "legacy_during_capture": legacy_during_capture,
-                "overlap": overlap, "timed_copies": timed_copies, "hold": hold, "node_lanes": node_lanes,
+                "overlap": overlap, "timed_copies": timed_copies, "hold": hold, "held": held, "node_lanes": node_lanes,
                 "counts": counts, "one_way": one_way, "threads": threads, "stats": lambda _r: stats()}
     for line in sys.stdin:
         req = json.loads(line)
