@@ -447,6 +447,27 @@ def test_processes_share_the_nodes_budget_and_a_killed_ones_lanes_come_back(fake
             server.proc.wait(timeout=30)
 
 
+def test_a_copy_that_let_a_lane_go_takes_it_up_again_when_the_other_copy_ends(fake_driver_dir):
+    """A budget of 4 worker lanes: the first process's long copy takes 3, lets one go to the second's
+    short copy (a fair share of 2 each), and takes it up again, while it runs, once the second's
+    copy has ended."""
+    env = {"CMT_NODE_THREADS": "4", "FAKE_CUDA_COPY_GBPS": "0.02",
+           "CMT_PLAN": ";".join(f"{d}:1=threads:4,buffers:2,chunk_bytes:1048576" for d in ("h2d", "d2h"))}
+    a, b = CopyServer(fake_driver_dir, **env), CopyServer(fake_driver_dir, **env)
+    try:
+        a("hold", size=192 * MIB)  # 9.6 s on the slow link
+        assert a("node_lanes")["mine"] == 3
+        b("hold", size=24 * MIB, settle_s=0)  # 1.2 s
+        assert _lanes_settle(a, {"mine": 2})["mine"] == 2
+        assert b("held")["exact"] == [True]
+        assert _lanes_settle(a, {"mine": 3})["mine"] == 3  # a's copy still runs
+        assert a("held")["exact"] == [True]
+    finally:
+        for server in (a, b):
+            server.proc.kill()
+            server.proc.wait(timeout=30)
+
+
 def test_a_copy_that_lacks_its_share_takes_up_lanes_that_come_free(fake_driver_dir):
     """A budget of 4 worker lanes: the first process's short copy takes 3; the second's long copy
     gets the 1 left and lacks 1 of its fair share (2). The first's copy ends, and the second's copy

@@ -107,6 +107,7 @@ bool LanePool::between_pieces(int lane) {
   }
   if (!lane_over_share()) return true;
   r->held.fetch_sub(1, std::memory_order_relaxed);
+  r->short_by.fetch_add(1, std::memory_order_relaxed);
   r->pool->workers_busy_.fetch_sub(1, std::memory_order_relaxed);
   return false;
 }

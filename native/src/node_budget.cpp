@@ -240,6 +240,7 @@ bool lane_over_share() {
     if (lanes <= share) return false;
   } while (!slot->lanes.compare_exchange_weak(lanes, lanes - 1, std::memory_order_acq_rel));
   s->total.fetch_sub(1, std::memory_order_acq_rel);
+  add_wanting(slot, 1);  // the copy may take it up again once shares allow (take_more_lanes)
   return true;
 }
 

@@ -26,7 +26,7 @@ void give_lanes(int taken, int short_by);
 // While a copy runs (between two pieces): the lanes, up to short_by, that came free for a copy that
 // lacks its share (its caller asks); and whether a worker lane of this process, which holds more
 // than its share while other processes lack lanes, is to leave its copy (then its lane is given
-// back already).
+// back already, and the copy lacks it: it takes it up again once the shares allow).
 int take_more_lanes(int short_by);
 bool lane_over_share();
 
