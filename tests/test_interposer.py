@@ -468,6 +468,33 @@ def test_a_copy_that_let_a_lane_go_takes_it_up_again_when_the_other_copy_ends(fa
             server.proc.wait(timeout=30)
 
 
+def test_three_processes_copying_in_turns_and_at_once_keep_the_budget_and_every_byte(fake_driver_dir):
+    """Three processes on a budget of 4 worker lanes start copies of different lengths at staggered
+    times, so that lanes leave and are taken up again in every order: the lanes in use never exceed
+    the budget, every byte arrives, and every lane is given back at the end."""
+    env = {"CMT_NODE_THREADS": "4", "FAKE_CUDA_COPY_GBPS": "0.05",
+           "CMT_PLAN": ";".join(f"{d}:1=threads:4,buffers:2,chunk_bytes:1048576" for d in ("h2d", "d2h"))}
+    servers = [CopyServer(fake_driver_dir, **env) for _ in range(3)]
+    try:
+        before = servers[0]("node_lanes")["in_use"]
+        seen = []
+        for round_sizes in ([96, 24, 48], [16, 80, 32], [40, 40, 40]):
+            for server, mib in zip(servers, round_sizes, strict=True):
+                server("hold", size=mib * MIB, settle_s=0.1)
+                seen += [servers[0]("node_lanes")["in_use"] - before for _ in range(3)]
+        for _ in range(40):
+            seen.append(servers[0]("node_lanes")["in_use"] - before)
+            time.sleep(0.05)
+        exact = [server("held")["exact"] for server in servers]
+        assert exact == [[True] * 3] * 3, exact
+        assert max(seen) <= 4 and max(seen) >= 3, seen
+        assert servers[0]("node_lanes")["in_use"] == before
+    finally:
+        for server in servers:
+            server.proc.kill()
+            server.proc.wait(timeout=30)
+
+
 def test_a_copy_that_lacks_its_share_takes_up_lanes_that_come_free(fake_driver_dir):
     """A budget of 4 worker lanes: the first process's short copy takes 3; the second's long copy
     gets the 1 left and lacks 1 of its fair share (2). The first's copy ends, and the second's copy
