@@ -304,7 +304,10 @@ bool Engine::host_lanes(int lanes, LanePool::Work work, void* arg) {
   if (pool_.forgotten()) return false;
   std::unique_lock<std::mutex> lock(host_mutex_, std::try_to_lock);
   if (!lock.owns_lock()) return false;
-  if (!host_run_added_ && !(host_run_added_ = pool_.add(&host_run_))) return false;
+  if (!host_run_added_) {
+    host_run_.follows_shares = false;  // a host copy's lanes do not take lanes up mid-copy (host_copy.cpp)
+    if (!(host_run_added_ = pool_.add(&host_run_))) return false;
+  }
   pool_.run(host_run_, lanes, work, arg, Clock::duration{});
   return true;
 }

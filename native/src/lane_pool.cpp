@@ -50,7 +50,7 @@ void LanePool::prestart(int workers) {
 void LanePool::run(Run& r, int lanes, Work work, void* arg, Clock::duration spin_tail) {
   // Workers as the node's budget allows (node_budget.hpp); a run always has its caller.
   int short_by = 0;
-  const int taken = take_lanes(lanes - 1, &short_by);
+  const int taken = take_lanes(lanes - 1, r.follows_shares ? &short_by : nullptr);
   r.held.store(taken, std::memory_order_relaxed);
   r.short_by.store(short_by, std::memory_order_relaxed);
   // A run that lacks lanes keeps its door open for those that come free meanwhile.
@@ -94,7 +94,7 @@ void LanePool::admit(Run& r, int more) {
 
 bool LanePool::between_pieces(int lane) {
   Run* r = t_run;
-  if (!r) return true;
+  if (!r || !r->pool) return true;
   if (lane == 0) {
     if (r->short_by.load(std::memory_order_relaxed) > 0) {
       if (const int got = take_more_lanes(r->short_by.load(std::memory_order_relaxed)); got > 0) {

@@ -44,6 +44,7 @@ class LanePool {
     std::atomic<uint64_t> returned_gen{0};
     const NumaPlace* place = nullptr;  // where its workers run (numa_place.hpp); nullptr: anywhere
     LanePool* pool = nullptr;
+    bool follows_shares = true;    // its work calls between_pieces (a Job's lanes do)
     std::atomic<int> held{0};      // worker lanes this copy holds of the node's budget
     std::atomic<int> short_by{0};  // and lacks of its fair share (node_budget.hpp)
   };

@@ -197,7 +197,7 @@ void add_wanting(Slot* slot, int32_t n) {
 // 2026-12-05/06) got 0.37-1.73 of an equal share, first come first served: two copied on 10 lanes
 // and two on their caller alone (4.4 GB/s), and together no faster than plain copies.
 int take_lanes(int wanted, int* short_by) {
-  *short_by = 0;
+  if (short_by) *short_by = 0;
   Slot* slot = mine();
   const int cpus = cpus_now(slot);
   int share = cpus;  // worker lanes
@@ -208,7 +208,7 @@ int take_lanes(int wanted, int* short_by) {
   }
   const int asked = std::min(wanted, share);
   const int got = take(&Segment::total, &Slot::lanes, node_budget(), asked, false);
-  if (slot && got < asked) {
+  if (slot && short_by && got < asked) {
     *short_by = asked - got;
     add_wanting(slot, *short_by);
   }

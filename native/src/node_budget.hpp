@@ -19,8 +19,9 @@
 namespace cmt {
 
 // Worker lanes a copy may have of the `wanted` ones: 0..wanted, within the node's budget; *short_by:
-// what it lacks of its fair share because other processes hold the budget. Every take is followed
-// by a give of what the copy holds at its end and what it still lacks.
+// what it lacks of its fair share because other processes hold the budget (nullptr: a copy that
+// does not take lanes up while it runs). Every take is followed by a give of what the copy holds at
+// its end and what it still lacks.
 int take_lanes(int wanted, int* short_by);
 void give_lanes(int taken, int short_by);
 // While a copy runs (between two pieces): the lanes, up to short_by, that came free for a copy that
