@@ -22,6 +22,8 @@
 #            removed after: cold reads buffered / O_DIRECT / io_uring by threads, I/O size and queue depth,
 #            2 runs each, none started after COLD_SECONDS (default 240) s; about 5 minutes in all
 #                                                      (-> cold-read-modes.json, cold-read-modes.txt)
+#   turns    research/threads_turns.py under cmt run: 8 threads' 64 MiB copies at once against one
+#            thread's back to back, the spacing of their returns         (-> turns.txt)
 #   frameworks  cmt bench workloads of the libraries that stage their own copies (safetensors-cuda,
 #            cupy, seed-jax, hf-load)                                 (-> workloads.json)
 #   models   cmt bench workloads of the model-load family (every loader warm and cold, the C++ loader);
@@ -45,7 +47,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 modes=()
 for m in "$@"; do if [ "$m" = all ]; then modes+=(install tests core copy); else modes+=("$m"); fi; done
-[ ${#modes[@]} -gt 0 ] || { sed -n '2,34p' "$0"; exit 2; }
+[ ${#modes[@]} -gt 0 ] || { sed -n '2,36p' "$0"; exit 2; }
 status=0
 for mode in "${modes[@]}"; do
   echo "== $mode $(date -u +%T)"
@@ -73,6 +75,7 @@ for mode in "${modes[@]}"; do
                     --seconds-max "${COLD_SECONDS:-240}" --json "$OUT/cold-read-modes.json" > "$OUT/cold-read-modes.txt"
                   rc=$?; cat "$OUT/cold-read-modes.txt"; rm -f /tmp/cmt-io/cold-read-4g.bin /tmp/cmt-io/cold-read-4g.bin.making
                   [ $rc -eq 0 ]; } ;;
+    turns) CMT_STATS=1 timeout 200 python3 -m cmt run -- python3 research/threads_turns.py 2>&1 | tee "$OUT/turns.txt" | tail -30 ;;
     frameworks) COLUMNS=150 timeout 500 python3 -m cmt bench workloads --only safetensors-cuda,cupy,seed-jax,hf-load \
                   --rounds ${ROUNDS:-3} \
                   --out "$OUT" 2>&1 | tail -40 ;;
@@ -80,7 +83,7 @@ for mode in "${modes[@]}"; do
 print(",".join(n for n in w.names() if n.startswith("model-load") and n.endswith(c)))')
             COLUMNS=150 timeout 540 python3 -m cmt bench workloads --only "$only" ${QUICK:+--quick} --out "$OUT" 2>&1 |
               tail -40 ;;
-    *) echo "unknown mode $mode (install, tests, core, copy, load, doctor, io, ioacc, streamcheck, coldread, frameworks, models, all)"; false ;;
+    *) echo "unknown mode $mode (install, tests, core, firstuse, copy, load, doctor, io, ioacc, streamcheck, coldread, turns, frameworks, models, all)"; false ;;
   esac || { status=1; echo "== $mode failed"; }
 done
 ls -l "$OUT"
