@@ -429,7 +429,7 @@ def test_processes_share_the_nodes_budget_and_a_killed_ones_lanes_come_back(fake
         before = b("node_lanes")["in_use"]
         assert b("node_lanes")["budget"] == 4
         a("hold", size=96 * MIB)  # 4.8 s on the slow link
-        assert a("node_lanes")["mine"] == 3 and b("node_lanes")["in_use"] == before + 3
+        assert _lanes_settle(a, {"mine": 3})["mine"] == 3 and b("node_lanes")["in_use"] == before + 3
         b("hold", size=192 * MIB, settle_s=0)  # 9.6 s
         seen = [b("node_lanes")["in_use"] for _ in range(20)]
         assert _lanes_settle(b, {"mine": 2})["mine"] == 2  # taken up while its copy runs
@@ -437,7 +437,7 @@ def test_processes_share_the_nodes_budget_and_a_killed_ones_lanes_come_back(fake
         assert max(seen) <= 4 and b("node_lanes")["in_use"] == 4, seen  # never more than the budget
         assert a("held")["exact"] == [True]  # the copy whose lane left mid-copy
         a("hold", size=96 * MIB)  # again, while b still copies: its share is free
-        assert a("node_lanes")["mine"] == 2
+        assert _lanes_settle(a, {"mine": 2})["mine"] == 2
         a.proc.kill()
         a.proc.wait(timeout=30)
         assert b("node_lanes")["in_use"] == 2  # the killed process's 2 came back; b still holds 2
@@ -456,7 +456,7 @@ def test_a_copy_that_let_a_lane_go_takes_it_up_again_when_the_other_copy_ends(fa
     a, b = CopyServer(fake_driver_dir, **env), CopyServer(fake_driver_dir, **env)
     try:
         a("hold", size=192 * MIB)  # 9.6 s on the slow link
-        assert a("node_lanes")["mine"] == 3
+        assert _lanes_settle(a, {"mine": 3})["mine"] == 3
         b("hold", size=24 * MIB, settle_s=0)  # 1.2 s
         assert _lanes_settle(a, {"mine": 2})["mine"] == 2
         assert b("held")["exact"] == [True]
@@ -496,17 +496,18 @@ def test_three_processes_copying_in_turns_and_at_once_keep_the_budget_and_every_
 
 
 def test_a_copy_that_lacks_its_share_takes_up_lanes_that_come_free(fake_driver_dir):
-    """A budget of 4 worker lanes: the first process's short copy takes 3; the second's long copy
-    gets the 1 left and lacks 1 of its fair share (2). The first's copy ends, and the second's copy
-    takes up the lane it lacked while it runs, not only from its next copy on. The first copies
-    again and takes its share of what is free; the second, at its share, lets nothing go."""
+    """A budget of 4 worker lanes: the first process's shorter copy takes 3; the second's long copy
+    gets the 1 left and lacks 1 of its fair share (2), which it takes up while it runs, not only from
+    its next copy on. When the first copies again it takes its share of what is free; the second,
+    at its share, lets nothing go, and both copies' bytes arrive."""
     env = {"CMT_NODE_THREADS": "4", "FAKE_CUDA_COPY_GBPS": "0.02",
            "CMT_PLAN": ";".join(f"{d}:1=threads:4,buffers:2,chunk_bytes:1048576" for d in ("h2d", "d2h"))}
     a, b = CopyServer(fake_driver_dir, **env), CopyServer(fake_driver_dir, **env)
     try:
         before = b("node_lanes")["in_use"]
-        a("hold", size=12 * MIB, settle_s=0.2)  # 0.6 s on the slow link
-        b("hold", size=96 * MIB, settle_s=0)
+        a("hold", size=48 * MIB)  # 2.4 s on the slow link
+        assert _lanes_settle(a, {"mine": 3})["mine"] == 3
+        b("hold", size=192 * MIB, settle_s=0)  # 9.6 s
         assert _lanes_settle(a, {"mine": 0})["mine"] == 0  # a's copy ended
         assert _lanes_settle(b, {"mine": 2})["mine"] == 2, b("node_lanes")
         a("hold", size=96 * MIB)  # a copies again: its share of 2 is free; b, at its share, keeps 2
