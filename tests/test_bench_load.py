@@ -104,9 +104,11 @@ def test_every_scenario_runs_plain_and_under_cmt(fake_driver_dir: Path, tmp_path
             assert run["gbps"] > 0 and run["pinned_gbps"] > 0
             outcomes = run["pageable"]["cmt_outcomes"] if row["scenario"] == "busy" else run["cmt_outcomes"]
             if side == "plain":
-                assert outcomes is None  # no cmt in the plain processes
+                assert outcomes is None and "lanes_most" not in run  # no cmt in the plain processes
             elif row["scenario"] == "processes":  # each process's copies (a warm-up, 2 timed) went through cmt
                 assert len(outcomes) == row["processes"]
+                # the node's segment counted lanes while they copied, never over its budget
+                assert 1 <= run["lanes_most"] <= run["node_budget"], run
                 for o in outcomes:
                     assert sum(o["pageable"]["h2d"].values()) == 3 and o["pageable"]["h2d"].get("accelerated"), o
                     assert o["pinned"]["h2d"] == {"pinned_host": 3}, o
@@ -138,6 +140,7 @@ def test_every_scenario_runs_plain_and_under_cmt(fake_driver_dir: Path, tmp_path
     assert (out / "load.png").read_bytes().startswith(PNG_MAGIC)
     for title in ("busy host", "both directions at once", "processes copying at once", "threads of one process"):
         assert title in proc.stdout
+    assert "lanes" in proc.stdout
     assert "wrote" in proc.stderr and "Traceback" not in proc.stderr
 
 

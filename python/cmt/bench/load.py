@@ -295,6 +295,14 @@ def _group_run(nbytes: int, sizes: list[int], pageable: list, pinned: list, extr
     return {**run, **extra}
 
 
+def _lanes(processes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Under cmt: the most copy threads the node's segment counted while the processes copied (each
+    samples the node-wide count), and the node's budget."""
+    most = [x["lanes_most"] for x in processes if x.get("lanes_most") is not None]
+    budgets = {x["node_budget"] for x in processes if x.get("node_budget") is not None}
+    return {"lanes_most": max(most), "node_budget": min(budgets)} if most and budgets else {}
+
+
 def _repeats(entry: dict[str, Any], mode: str) -> list[tuple[list[float], list[float]]]:
     """A group's repeats as (starts, ends), one of each per copy."""
     return list(zip(entry[mode]["t0"], entry[mode]["t1"], strict=True))
@@ -460,7 +468,7 @@ class LoadBench:
                              "devices": [spec["jobs"][0]["device"] for spec in specs],
                              "verified": all(x["verified"] == ["pageable", "pinned"] for x in by_process["processes"]),
                              "cmt_outcomes": [x["cmt_outcomes"] for x in by_process["processes"]]
-                             if side == "cmt" else None}))
+                             if side == "cmt" else None, **_lanes(by_process["processes"])}))
         for r in rows.values():
             finish_row(r)
 

@@ -119,6 +119,40 @@ class Outcomes:
         return out
 
 
+class LaneGauge:
+    """The most copy threads all of this user's cmt processes held while the gauge ran, as the node
+    budget's shared segment counts them (node_budget.hpp), sampled every millisecond, and the budget;
+    inactive without cmt."""
+
+    def __init__(self) -> None:
+        from .. import cuda
+
+        self.lib = ctypes.CDLL(None) if cuda.preloaded_cmt() else None
+        self.most = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def budget(self) -> int | None:
+        return int(self.lib.cmt_node_budget()) if self.lib else None
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.001):
+            self.most = max(self.most, int(self.lib.cmt_node_lanes_in_use()))
+
+    def __enter__(self) -> LaneGauge:
+        if self.lib:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._sample, name="cmt-lane-gauge", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+
+
 # -- sweep: cmt bench copy's measurements ----------------------------------------------------------
 def run_sweep(spec: dict[str, Any]) -> dict[str, Any]:
     from .. import cuda
@@ -358,6 +392,7 @@ def run_driven(spec: dict[str, Any]) -> dict[str, Any]:
     drv = cuda.load()
     group = Group(drv, _open_devices(drv, spec["jobs"]), spec["jobs"], seed=spec.get("seed", 0))
     counts = Outcomes()
+    gauge = LaneGauge()
     outcomes: dict[str, Any] = {}
     verified: list[str] = []
     lines = LineReader(sys.stdin.fileno())
@@ -375,7 +410,8 @@ def run_driven(spec: dict[str, Any]) -> dict[str, Any]:
                 verified.append(words[0])
                 print("done {}", flush=True)
                 continue
-            t0, t1 = group.run(pinned, start_at)
+            with gauge:
+                t0, t1 = group.run(pinned, start_at)
             for d, by_outcome in (counts.take() or {}).items():
                 mine = outcomes.setdefault(words[0], {}).setdefault(d, {})
                 for k, v in by_outcome.items():
@@ -383,7 +419,8 @@ def run_driven(spec: dict[str, Any]) -> dict[str, Any]:
             print("done " + json.dumps({"t0": t0, "t1": t1}), flush=True)
     finally:
         group.close()
-    return {"bytes": group.nbytes, "cmt_outcomes": outcomes if counts.active else None, "verified": verified}
+    return {"bytes": group.nbytes, "cmt_outcomes": outcomes if counts.active else None, "verified": verified,
+            "lanes_most": gauge.most if gauge.lib else None, "node_budget": gauge.budget()}
 
 
 KINDS = {"sweep": run_sweep, "groups": run_groups, "driven": run_driven}

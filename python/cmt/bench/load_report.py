@@ -25,7 +25,9 @@ def document(rows: list[dict[str, Any]], failures: list[str], machine: dict[str,
         "statistics": ("each side: median, min and max over its processes (each process's figure is the median "
                        "over its repeats); pinned_*: the same processes' pinned copies; vs_pinned: median over "
                        "the processes of pageable / pinned within each; cmt_vs_plain: cmt median / plain median; "
-                       "_pairs: cmt / plain per round (the processes ran in turn)"),
+                       "_pairs: cmt / plain per round (the processes ran in turn); processes under cmt: "
+                       "lanes_most, the most copy threads the node budget's shared segment counted while they "
+                       "copied (sampled every ms in each), against node_budget"),
         "failures": failures,
         "results": rows,
     }
@@ -43,6 +45,16 @@ def _share(side: dict[str, Any]) -> str:
     lo = statistics.median(r["pageable"]["share_min"] for r in runs)
     hi = statistics.median(r["pageable"]["share_max"] for r in runs)
     return f"{lo:.2f}-{hi:.2f}"
+
+
+def _lanes(side: dict[str, Any]) -> str:
+    """The most copy threads the node's segment counted in any run, against the node's budget."""
+    runs = [r for r in side.get("runs", []) if r.get("lanes_most") is not None]
+    if not runs:
+        return "-"
+    most = max(r["lanes_most"] for r in runs)
+    budget = min(r["node_budget"] for r in runs)
+    return f"{most}/{budget}" if most <= budget else f"[red]{most}/{budget}[/]"
 
 
 def _pinned_cell(side: dict[str, Any]) -> dict[str, Any] | None:
@@ -69,7 +81,8 @@ def tables(doc: dict[str, Any]) -> list:
         t = Table(title=f"{titles[scenario]}: GB/s, median [dim]min-max[/] over processes", title_justify="left",
                   caption_justify="left")
         cols = (*first, "plain", "cmt", "pinned", "cmt/plain", "cmt/pin", *(
-            ("shares",) if scenario in ("processes", "threads") else ()))
+            ("shares",) if scenario in ("processes", "threads") else ()), *(
+            ("lanes",) if scenario == "processes" else ()))
         for col in cols:
             t.add_column(col, justify="right", no_wrap=True, min_width=len(col) if len(col) <= 6 else None)
         for row in rows:
@@ -92,12 +105,15 @@ def tables(doc: dict[str, Any]) -> list:
             cells = [*head, plain_cell, cmt_cell, pinned, _ratio(cmt_r, plain_r), vs_pinned]
             if scenario in ("processes", "threads"):
                 cells.append(_share(cmt))
+            if scenario == "processes":
+                cells.append(_lanes(cmt))
             t.add_row(*cells)
             if cmt.get("outcome"):
                 t.caption = _PASSED_NOTE
         notes = {"busy": "busy: CPU-burning processes; pinned: the cmt processes' own (CUDA events)",
                  "duplex": "pinned: the cmt processes' own, both directions at once",
-                 "processes": "shares: cmt, each process's rate against the mean of all (1 = fair)",
+                 "processes": "shares: cmt, each process's rate against the mean of all (1 = fair); lanes: the "
+                              "most copy threads the node's budget counted, against the budget",
                  "threads": "shares: cmt, each thread's rate against the mean of all (1 = fair)"}
         if scenario in notes:
             t.caption = "\n".join(x for x in (t.caption, notes[scenario]) if x)
