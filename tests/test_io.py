@@ -83,10 +83,11 @@ def test_uncached_aligned_reads_go_o_direct_and_cached_ones_through_the_page_cac
             assert cmt.io._lib.resident_fraction(f.fileno(), 0, len(data)) < 0.1
             n, cold = counted(lambda: f.read((d, len(data))))
             assert n == len(data) and drv.peek(d, n) == data
-            # Every piece aligned and not cached went O_DIRECT: all but the file's last partial 4 KiB.
-            direct_bytes, buffered_bytes = (16 * MiB + 4096, 904) if direct else (0, len(data))
-            assert cold == {{"direct_bytes": direct_bytes, "buffered_bytes": buffered_bytes,
-                             "direct_refused_files": 0}}, cold
+            if direct:  # every piece aligned and not cached went O_DIRECT: all but the last partial 4 KiB
+                assert cold == {{"direct_bytes": 16 * MiB + 4096, "buffered_bytes": 904,
+                                 "direct_refused_files": 0}}, cold
+            else:  # (a buffered piece taken over from a stalled lane is read again)
+                assert cold["direct_bytes"] == 0 and cold["buffered_bytes"] >= len(data), cold
             with open(path, "rb") as g:
                 g.read()  # into the page cache
             drv.memset_d8(d, 0, n)
