@@ -7,10 +7,12 @@ test also checks what cmt did (accelerated, or passed through for the right reas
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -387,7 +389,30 @@ def test_the_plans_driver_rate_lets_a_host_busy_from_the_start_back_off(fake_dri
         assert r["events"]["backed_off"] == 2, r  # once per direction, within its first copies
         assert all(r["stats"][d]["backed_off"] >= 8 for d in ("h2d", "d2h")), r
     else:
-        assert r["stats"] == {"h2d": {"accelerated": 16}, "d2h": {"accelerated": 16}}, r
+        # Nothing backs off. (On a loaded runner one staged copy may stall far below the best rate,
+        # and the guard then measures the driver: two copies passed, as for any such fall.)
+        assert not r["events"].get("backed_off"), r
+        assert all(r["stats"][d].get("accelerated", 0) >= 14 and set(r["stats"][d]) <= {"accelerated", "backed_off"}
+                   for d in ("h2d", "d2h")), r
+
+
+def test_probes_of_a_size_that_keeps_losing_come_less_and_less_often(fake_driver_dir):
+    """A host that stays busy: the guard backed a size off, and its probes (staged copies, which lose
+    to the driver's) come at least every 250 ms at first, then twice as long after each one that lost
+    (up to 2 s): copies spaced 250 ms apart were otherwise all probes, and a large copy's probe on a
+    busy host costs it much more than the driver's copy."""
+    s = CopyServer(fake_driver_dir, CMT_STATS="1", CMT_TEST_HOOKS="wait_setup=1,busy_cpus=0",
+                   CMT_PLAN=";".join(f"{d}:1048576=threads:2,buffers:4,chunk_bytes:1048576|driver:1000"
+                                     for d in ("h2d", "d2h")))
+    # 4 MiB through the driver in 105 ms, staged in 210: each direction copies every 210-315 ms
+    r = s("timed_copies", pinned_gbps=0.02, pageable_gbps=0.04, size=4 * MIB, count=24)
+    s.close()
+    # (host-to-device copies return with their DMAs in flight: staged, they win here)
+    d2h = r["stats"]["d2h"]
+    assert r["ok_bytes"] and r["events"]["backed_off"] >= 1, r
+    # 3 copies staged to learn the rate, then probes at about 0.25, 0.75, 1.75 and 3.75 s; with one
+    # every 250 ms, every copy of this direction was a probe (22 of 24 staged)
+    assert d2h.get("accelerated", 0) <= 9 and d2h.get("backed_off", 0) >= 15, r
 
 
 def test_the_drivers_slow_first_copy_is_measured_again(fake_driver_dir):
@@ -418,11 +443,21 @@ def _lanes_settle(server, want: dict, timeout_s: float = 20) -> dict:
         time.sleep(0.05)
 
 
-def test_processes_share_the_nodes_budget_and_a_killed_ones_lanes_come_back(fake_driver_dir):
+@pytest.fixture
+def own_node():
+    """CMT_TEST_HOOKS' item that gives the test's processes a node-budget segment of their own: a
+    test run beside it, a cmt user on the machine or an earlier test's process still exiting holds
+    none of its lanes."""
+    name = f"t{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    yield f"node={name}"
+    Path(f"/dev/shm/cmt-budget4-{os.getuid()}-{name}").unlink(missing_ok=True)
+
+
+def test_processes_share_the_nodes_budget_and_a_killed_ones_lanes_come_back(fake_driver_dir, own_node):
     """Two processes with a budget of 4 worker lanes (CMT_NODE_THREADS): the first takes 3 while it
     copies alone; the second's copy gets the 1 left, then its fair share of 2 from the first during
     both copies; never more than the budget. When the first is killed mid-copy, its lanes return."""
-    env = {"CMT_NODE_THREADS": "4", "FAKE_CUDA_COPY_GBPS": "0.02",
+    env = {"CMT_NODE_THREADS": "4", "FAKE_CUDA_COPY_GBPS": "0.02", "CMT_TEST_HOOKS": "guard=0,wait_setup=1," + own_node,
            "CMT_PLAN": ";".join(f"{d}:1=threads:4,buffers:2,chunk_bytes:1048576" for d in ("h2d", "d2h"))}
     a, b = CopyServer(fake_driver_dir, **env), CopyServer(fake_driver_dir, **env)
     try:
@@ -447,11 +482,11 @@ def test_processes_share_the_nodes_budget_and_a_killed_ones_lanes_come_back(fake
             server.proc.wait(timeout=30)
 
 
-def test_a_copy_that_let_a_lane_go_takes_it_up_again_when_the_other_copy_ends(fake_driver_dir):
+def test_a_copy_that_let_a_lane_go_takes_it_up_again_when_the_other_copy_ends(fake_driver_dir, own_node):
     """A budget of 4 worker lanes: the first process's long copy takes 3, lets one go to the second's
     short copy (a fair share of 2 each), and takes it up again, while it runs, once the second's
     copy has ended."""
-    env = {"CMT_NODE_THREADS": "4", "FAKE_CUDA_COPY_GBPS": "0.02",
+    env = {"CMT_NODE_THREADS": "4", "FAKE_CUDA_COPY_GBPS": "0.02", "CMT_TEST_HOOKS": "guard=0,wait_setup=1," + own_node,
            "CMT_PLAN": ";".join(f"{d}:1=threads:4,buffers:2,chunk_bytes:1048576" for d in ("h2d", "d2h"))}
     a, b = CopyServer(fake_driver_dir, **env), CopyServer(fake_driver_dir, **env)
     try:
@@ -468,11 +503,11 @@ def test_a_copy_that_let_a_lane_go_takes_it_up_again_when_the_other_copy_ends(fa
             server.proc.wait(timeout=30)
 
 
-def test_three_processes_copying_in_turns_and_at_once_keep_the_budget_and_every_byte(fake_driver_dir):
+def test_three_processes_copying_in_turns_and_at_once_keep_the_budget_and_every_byte(fake_driver_dir, own_node):
     """Three processes on a budget of 4 worker lanes start copies of different lengths at staggered
     times, so that lanes leave and are taken up again in every order: the lanes in use never exceed
     the budget, every byte arrives, and every lane is given back at the end."""
-    env = {"CMT_NODE_THREADS": "4", "FAKE_CUDA_COPY_GBPS": "0.05",
+    env = {"CMT_NODE_THREADS": "4", "FAKE_CUDA_COPY_GBPS": "0.05", "CMT_TEST_HOOKS": "guard=0,wait_setup=1," + own_node,
            "CMT_PLAN": ";".join(f"{d}:1=threads:4,buffers:2,chunk_bytes:1048576" for d in ("h2d", "d2h"))}
     servers = [CopyServer(fake_driver_dir, **env) for _ in range(3)]
     try:
@@ -495,12 +530,12 @@ def test_three_processes_copying_in_turns_and_at_once_keep_the_budget_and_every_
             server.proc.wait(timeout=30)
 
 
-def test_a_copy_that_lacks_its_share_takes_up_lanes_that_come_free(fake_driver_dir):
+def test_a_copy_that_lacks_its_share_takes_up_lanes_that_come_free(fake_driver_dir, own_node):
     """A budget of 4 worker lanes: the first process's shorter copy takes 3; the second's long copy
     gets the 1 left and lacks 1 of its fair share (2), which it takes up while it runs, not only from
     its next copy on. When the first copies again it takes its share of what is free; the second,
     at its share, lets nothing go, and both copies' bytes arrive."""
-    env = {"CMT_NODE_THREADS": "4", "FAKE_CUDA_COPY_GBPS": "0.02",
+    env = {"CMT_NODE_THREADS": "4", "FAKE_CUDA_COPY_GBPS": "0.02", "CMT_TEST_HOOKS": "guard=0,wait_setup=1," + own_node,
            "CMT_PLAN": ";".join(f"{d}:1=threads:4,buffers:2,chunk_bytes:1048576" for d in ("h2d", "d2h"))}
     a, b = CopyServer(fake_driver_dir, **env), CopyServer(fake_driver_dir, **env)
     try:
@@ -521,10 +556,11 @@ def test_a_copy_that_lacks_its_share_takes_up_lanes_that_come_free(fake_driver_d
             server.proc.wait(timeout=30)
 
 
-def test_a_copy_leaves_the_cpus_that_other_programs_keep_busy(fake_driver_dir):
+def test_a_copy_leaves_the_cpus_that_other_programs_keep_busy(fake_driver_dir, own_node):
     """A budget of 8 with 5 CPUs kept busy by other programs (the test hook stands in for what
     /proc/stat shows): a copy that asks for 8 lanes gets its caller and 2 workers, the 3 CPUs left."""
-    env = {"CMT_NODE_THREADS": "8", "FAKE_CUDA_COPY_GBPS": "0.02", "CMT_TEST_HOOKS": "guard=0,wait_setup=1,busy_cpus=5",
+    env = {"CMT_NODE_THREADS": "8", "FAKE_CUDA_COPY_GBPS": "0.02",
+           "CMT_TEST_HOOKS": "guard=0,wait_setup=1,busy_cpus=5," + own_node,
            "CMT_PLAN": ";".join(f"{d}:1=threads:8,buffers:2,chunk_bytes:1048576" for d in ("h2d", "d2h"))}
     s = CopyServer(fake_driver_dir, **env)
     try:

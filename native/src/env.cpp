@@ -89,6 +89,7 @@ void read_test_hooks(Env& e) {
     bool ok = eq != std::string::npos && parse_long(item.c_str() + eq + 1, 0, 1L << 40, &n);
     std::string key = item.substr(0, eq);
     if (key == "sysfs" && eq != std::string::npos) e.test_sysfs = item.substr(eq + 1);
+    else if (key == "node" && eq != std::string::npos) e.test_node = item.substr(eq + 1);
     else if (ok && key == "piece") e.test_piece = static_cast<size_t>(n);
     else if (ok && key == "late_start_us") e.test_late_start_us = n;
     else if (ok && key == "busy_cpus") e.test_busy_cpus = n;
@@ -104,7 +105,7 @@ void read_test_hooks(Env& e) {
     else if (ok && key == "read_eio_once" && n <= 1) e.test_read_eio_once = n == 1;
     else if (ok && key == "read_slow_after") e.test_read_slow_after = n;
     else if (ok && key == "read_slow_us") e.test_read_slow_us = n;
-    else warn("CMT_TEST_HOOKS item", item.c_str(), "piece=, late_start_us=, busy_cpus=, guard=0, wait_setup=1, park_piece=, park_us=, park_before=1, maps=1, mapped_fail=1, rotational=, read_eio=, read_eio_once=1, read_slow_after=, read_slow_us=, sysfs=");
+    else warn("CMT_TEST_HOOKS item", item.c_str(), "piece=, late_start_us=, busy_cpus=, guard=0, wait_setup=1, park_piece=, park_us=, park_before=1, maps=1, mapped_fail=1, rotational=, read_eio=, read_eio_once=1, read_slow_after=, read_slow_us=, sysfs=, node=");
   }
 }
 

@@ -45,6 +45,7 @@ struct Env {
   long test_read_slow_after = 0;   // read_slow_after=K, read_slow_us=N: from the (K+1)th split read on,
   long test_read_slow_us = 0;      //   each piece first sleeps N µs (descheduled lanes; large_read.cpp)
   std::string test_sysfs;  // sysfs=PATH: where the NUMA placement reads sysfs (a made-up tree)
+  std::string test_node;   // node=NAME: the node budget's own segment (tests beside each other share none)
 };
 
 // The parsed environment (read on first use, which the library's constructor makes its load).

@@ -50,9 +50,12 @@ std::mutex g_open_mutex;
 bool gone(int32_t pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
 
 Segment* map_segment() {
-  char name[64];
+  char name[96];
   // The layout's version is in the name: processes of another cmt version keep their own budget.
   snprintf(name, sizeof name, "/cmt-budget4-%u", static_cast<unsigned>(getuid()));
+  if (!env().test_node.empty()) {
+    snprintf(name, sizeof name, "/cmt-budget4-%u-%s", static_cast<unsigned>(getuid()), env().test_node.c_str());
+  }
   void* p = MAP_FAILED;
   int fd = shm_open(name, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd >= 0) {

@@ -1,5 +1,6 @@
 #include "rate_guard.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <string>
@@ -18,7 +19,8 @@ constexpr size_t kSecondAtOnce = 16u << 20;           // (the second measurement
 constexpr uint32_t kLearnCopies = 3;                  // staged copies before the known rate is trusted
 constexpr uint32_t kProbeFirst = 8;                   // while backed off, one copy in this many is staged,
 constexpr uint32_t kProbeMost = 256;                  // twice as few after each probe that lost,
-constexpr uint64_t kProbeAfterNs = 250'000'000;       // but at least one this often (large copies)
+constexpr uint64_t kProbeAfterNs = 250'000'000;       // but at least one this often (large copies),
+constexpr uint64_t kProbeAfterMostNs = 2'000'000'000; // twice as long after each probe that lost, up to this
 constexpr double kMargin = 1.1;                       // a probe must beat the driver by this much
 constexpr double kSuspect = 0.5;                      // below this share of the best rate: measure the driver
 constexpr double kWeight = 0.25;                      // of a new sample in the moving rate
@@ -33,6 +35,7 @@ struct SizeClass {
   std::atomic<uint32_t> passes{0};                    // copies passed since backing off or the last probe
   std::atomic<uint32_t> probe_every{kProbeFirst};
   std::atomic<uint64_t> probe_at{0};                  // when the last probe was staged
+  std::atomic<uint64_t> probe_after{kProbeAfterNs};   // and how long after it the next one is due at most
 };
 SizeClass g_classes[kGuarded][kClasses];
 std::atomic<uint64_t> g_backed_off{0}, g_staged_again{0};
@@ -62,7 +65,7 @@ Verdict guard_decide(Guarded g, size_t bytes, double driver_gbps) {
     const uint32_t every = c.probe_every.load(std::memory_order_relaxed);
     const uint64_t now = monotonic_ns();
     if (c.passes.fetch_add(1, std::memory_order_relaxed) + 1 >= every ||
-        now - c.probe_at.load(std::memory_order_relaxed) >= kProbeAfterNs) {
+        now - c.probe_at.load(std::memory_order_relaxed) >= c.probe_after.load(std::memory_order_relaxed)) {
       c.passes.store(0, std::memory_order_relaxed);
       c.probe_at.store(now, std::memory_order_relaxed);
       return Verdict::Stage;
@@ -111,6 +114,8 @@ void guard_staged(Guarded g, size_t bytes, uint64_t ns) {
     if (r <= kMargin * driver) {  // lost: on a host that stays busy, probes cost less and less
       const uint32_t every = c.probe_every.load(std::memory_order_relaxed);
       c.probe_every.store(every < kProbeMost ? 2 * every : kProbeMost, std::memory_order_relaxed);
+      const uint64_t after = c.probe_after.load(std::memory_order_relaxed);
+      c.probe_after.store(std::min(2 * after, kProbeAfterMostNs), std::memory_order_relaxed);
     } else {
       c.backed_off.store(false, std::memory_order_relaxed);
       c.staged.store(r, std::memory_order_relaxed);
@@ -140,6 +145,7 @@ void guard_passed(Guarded g, size_t bytes, uint64_t ns) {
     c.passes.store(0, std::memory_order_relaxed);
     c.probe_at.store(monotonic_ns(), std::memory_order_relaxed);
     c.probe_every.store(kProbeFirst, std::memory_order_relaxed);
+    c.probe_after.store(kProbeAfterNs, std::memory_order_relaxed);
     c.backed_off.store(true, std::memory_order_relaxed);
     g_backed_off.fetch_add(1, std::memory_order_relaxed);
     log::write(log::Level::Debug, "%s back off to %s: staged %.1f GB/s against its %.1f", what(g, bytes).c_str(),

@@ -16,7 +16,9 @@
 //   - staging below the driver's rate backs off: copies pass through (each one measuring the driver
 //     again), and one copy in 8 is staged to see whether staging is faster again (one in 16, 32, ...
 //     256 after each probe that lost: on a host that stays busy the probes cost less and less; and
-//     one at least every 250 ms, so that large copies find out soon when the host is quiet again);
+//     one at least every 250 ms, so that large copies find out soon when the host is quiet again,
+//     twice as long after each probe that lost, up to 2 s: copies spaced 250 ms or more apart were
+//     otherwise all probes, and a 1 GiB probe on a busy host cost about 40 ms more than the driver's copy);
 //   - a probe faster than the driver by kMargin stages again.
 // CMT_LOG=debug says when a class backs off and when it stages again; CMT_STATS counts both.
 #pragma once
