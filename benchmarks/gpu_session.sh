@@ -30,7 +30,7 @@
 #            QUICK=1 for the 0.5 GB model; CACHE=warm or cold for half (the whole family at 3.9 GB may
 #            not fit one call)                                        (-> workloads.json)
 #   all      install tests core copy (about 8 minutes with 3 processes)
-# Wheels carried in .whl/ (kvikio-cu13, libkvikio-cu13, rapids-logger, fastsafetensors,
+# Wheels carried in .whl/ (kvikio-cu13, libkvikio-cu13, rapids-logger, fastsafetensors, instanttensor,
 # runai-model-streamer: ../.library/device/README.md) are installed into /tmp/site first.
 # e.g.  bash benchmarks/gpu_session.sh all
 #       PROCESSES=5 bash benchmarks/gpu_session.sh install core     (5 processes take about 6.5 minutes)

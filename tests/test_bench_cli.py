@@ -130,7 +130,8 @@ def test_a_workloads_own_options_are_its_scripts():
             for value in w.args[1::2]:
                 assert value in proc.stdout, (w.name, value)
     family = [w.name for w in workloads.WORKLOADS if w.family == "model-load"]
-    for loader in ("st-cuda", "st-cpu", "fastsafetensors", "runai", "cmt-io", "torch-mmap", "np-memmap"):
+    for loader in ("st-cuda", "st-cpu", "fastsafetensors", "runai", "instanttensor", "cmt-io", "torch-mmap",
+                   "np-memmap"):
         assert f"model-load-{loader}-warm" in family and f"model-load-{loader}-cold" in family
     assert "model-load-cpp-warm" in family
 

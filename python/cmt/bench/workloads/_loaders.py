@@ -48,6 +48,15 @@ def _runai(torch, path: Path) -> dict:
     return out
 
 
+def _instanttensor(torch, path: Path) -> dict:
+    from instanttensor import safe_open
+
+    # Its defaults: Direct I/O through io_uring (else libaio) into pinned staging, asynchronous copies
+    # into a GPU ring; yielded tensors own their memory (copy=True).
+    with safe_open(str(path), framework="pt", device=0) as f:
+        return dict(f.tensors())
+
+
 def _torch_mmap(torch, path: Path) -> dict:
     return torch.load(path, mmap=True, map_location="cuda", weights_only=True)
 
@@ -85,6 +94,8 @@ LOADERS: dict[str, Loader] = {
     "fastsafetensors": Loader(_fastsafetensors, "fastsafetensors fastsafe_open(device='cuda:0', nogds=True)",
                               needs="fastsafetensors"),
     "runai": Loader(_runai, "Run:ai SafetensorsStreamer + .to('cuda')", needs="runai_model_streamer"),
+    "instanttensor": Loader(_instanttensor, "InstantTensor safe_open(device=0), its default backend",
+                            needs="instanttensor"),
     "cmt-io": Loader(_cmt_io, "cmt.io.load_safetensors(device='cuda:0')"),
     "torch-mmap": Loader(_torch_mmap, "torch.load(mmap=True, map_location='cuda')", needs="torch", source="pt"),
     "np-memmap": Loader(_np_memmap, "numpy memmap, tensor by tensor .to('cuda')", needs="numpy"),
