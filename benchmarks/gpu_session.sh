@@ -28,7 +28,7 @@
 #            cupy, seed-jax, hf-load)                                 (-> workloads.json)
 #   models   cmt bench workloads of the model-load family (every loader warm and cold, the C++ loader);
 #            QUICK=1 for the 0.5 GB model; CACHE=warm or cold for half (the whole family at 3.9 GB may
-#            not fit one call)                                        (-> workloads.json)
+#            not fit one call); ONLY=NAME,... for those workloads     (-> workloads.json)
 #   all      install tests core copy (about 8 minutes with 3 processes)
 # Wheels carried in .whl/ (kvikio-cu13, libkvikio-cu13, rapids-logger, fastsafetensors, instanttensor,
 # runai-model-streamer: ../.library/device/README.md) are installed into /tmp/site first.
@@ -79,8 +79,8 @@ for mode in "${modes[@]}"; do
     frameworks) COLUMNS=150 timeout 500 python3 -m cmt bench workloads --only safetensors-cuda,cupy,seed-jax,hf-load \
                   --rounds ${ROUNDS:-3} \
                   --out "$OUT" 2>&1 | tail -40 ;;
-    models) only=$(python3 -c 'import os; from cmt.bench import workloads as w; c = os.environ.get("CACHE", "")
-print(",".join(n for n in w.names() if n.startswith("model-load") and n.endswith(c)))')
+    models) only=${ONLY:-$(python3 -c 'import os; from cmt.bench import workloads as w; c = os.environ.get("CACHE", "")
+print(",".join(n for n in w.names() if n.startswith("model-load") and n.endswith(c)))')}
             COLUMNS=150 timeout 540 python3 -m cmt bench workloads --only "$only" ${QUICK:+--quick} --out "$OUT" 2>&1 |
               tail -40 ;;
     *) echo "unknown mode $mode (install, tests, core, firstuse, copy, load, doctor, io, ioacc, streamcheck, coldread, turns, frameworks, models, all)"; false ;;
