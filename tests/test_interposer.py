@@ -430,6 +430,23 @@ def test_the_drivers_slow_first_copy_is_measured_again(fake_driver_dir):
     assert all(r["stats"][d]["backed_off"] >= 8 for d in ("h2d", "d2h")), r
 
 
+# ---- contexts that end ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["reset", "destroy"])
+def test_copies_after_their_context_ended_get_a_new_pipeline_and_every_byte(fake_driver_dir, how):
+    """cudaDeviceReset (the primary context goes on under its handle with nothing of what it had),
+    or a created context destroyed and another created: the engine's pipeline for the old context
+    (its streams, events and staging gone with it) must not serve the new one. Copies after it, from
+    the same thread and a new one, are staged again, on a pipeline of their own, byte for byte."""
+    s = CopyServer(fake_driver_dir, CMT_STATS="1", FAKE_CUDA_REUSE_CONTEXTS="1")  # a new context, the old handle
+    r = s("context_ends", how=how, size=8 * MIB)
+    s.close()
+    assert r["ok"] and r["same_handle"], r
+    for trip in (r["first"], *r["after"]):
+        assert trip["device_ok"] and trip["host_ok"], r
+        assert trip["stats"] == {"h2d": {"accelerated": 1}, "d2h": {"accelerated": 1}}, r
+
+
 # ---- the node's budget of copy threads ------------------------------------------------------------
 
 def _lanes_settle(server, want: dict, timeout_s: float = 20) -> dict:

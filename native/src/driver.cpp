@@ -15,9 +15,11 @@ namespace {
 const char* const kEntryNames[] = {
 #define ENTRY_COPY(name, shape, stream) #name,
 #define ENTRY_RESOLVER(name, abi) #name,
+#define ENTRY_CONTEXT_END(name, shape) #name,
 #include "entry_points.def"
 #undef ENTRY_COPY
 #undef ENTRY_RESOLVER
+#undef ENTRY_CONTEXT_END
 };
 
 using dlsym_fn = void* (*)(void*, const char*);
@@ -84,6 +86,9 @@ bool load_driver(bool load_if_absent) {
   d.cuMemHostUnregister = reinterpret_cast<PFN_cuMemHostUnregister>(real_dlsym(h, "cuMemHostUnregister"));
   if (!d.cuMemHostRegister || !d.cuMemHostUnregister) d.cuMemHostRegister = nullptr;
   d.cuDeviceGetPCIBusId = reinterpret_cast<PFN_cuDeviceGetPCIBusId>(real_dlsym(h, "cuDeviceGetPCIBusId"));
+  d.cuDevicePrimaryCtxGetState =
+      reinterpret_cast<PFN_cuDevicePrimaryCtxGetState>(real_dlsym(h, "cuDevicePrimaryCtxGetState"));
+  d.cuDevicePrimaryCtxRetain = reinterpret_cast<PFN_cuDevicePrimaryCtxRetain>(real_dlsym(h, "cuDevicePrimaryCtxRetain"));
   g_driver = d;
   return true;
 }
@@ -104,7 +109,7 @@ const char* entry_name(EntryId id) { return kEntryNames[static_cast<int>(id)]; }
 
 int entry_by_name(const char* name) {
   // Cheap reject first: dlsym is called for every symbol of every library.
-  if (!name || name[0] != 'c' || name[1] != 'u' || (name[2] != 'M' && name[2] != 'G')) return -1;
+  if (!name || name[0] != 'c' || name[1] != 'u' || !strchr("MGCD", name[2]) || !name[2]) return -1;
   for (int i = 0; i < kEntryCount; ++i) {
     if (!strcmp(name, kEntryNames[i])) return i;
   }

@@ -9,9 +9,11 @@ namespace cmt {
 enum class EntryId : int {
 #define ENTRY_COPY(name, shape, stream) name,
 #define ENTRY_RESOLVER(name, abi) name,
+#define ENTRY_CONTEXT_END(name, shape) name,
 #include "entry_points.def"
 #undef ENTRY_COPY
 #undef ENTRY_RESOLVER
+#undef ENTRY_CONTEXT_END
   Count
 };
 constexpr int kEntryCount = static_cast<int>(EntryId::Count);
@@ -90,6 +92,9 @@ struct Driver {
   PFN_cuCtxSynchronize cuCtxSynchronize = nullptr;
   // Optional: which NUMA node a GPU sits on (numa_place.hpp); without it nothing is placed.
   PFN_cuDeviceGetPCIBusId cuDeviceGetPCIBusId = nullptr;
+  // Optional: the primary context that a reset or release of a device ends (hooks.cpp).
+  PFN_cuDevicePrimaryCtxGetState cuDevicePrimaryCtxGetState = nullptr;
+  PFN_cuDevicePrimaryCtxRetain cuDevicePrimaryCtxRetain = nullptr;
 };
 
 // Loads the driver table once. With `load_if_absent` false (the interposer), only a libcuda that

@@ -53,6 +53,7 @@ void count_in_flight() {
   t_in_flight = true;
   g_copies_in_flight.fetch_add(1, std::memory_order_acq_rel);
 }
+std::atomic<uint64_t> g_contexts_ended{0};  // contexts that ended (engine_context_ended)
 std::atomic<uint64_t> g_setup_paused_ns{0};  // for the debug log
 constexpr uint64_t kMaxSetupPauseNs = 500'000'000;  // a copy that takes longer gets one buffer pinned under it
 
@@ -117,6 +118,7 @@ class Engine {
   }
   bool host_lanes(int lanes, LanePool::Work work, void* arg);
   void forget() { pool_.forget(); }
+  void context_ended(CUcontext ctx);
   std::string dma_gpu_times();
 
  private:
@@ -280,6 +282,12 @@ int Engine::fit(Pipeline* p, CUcontext ctx, int slots, size_t chunk, ContextReso
 void Engine::lane(void* arg, int index) {
   Job& job = *static_cast<Job*>(arg);
   thread_local CUcontext current = nullptr;
+  thread_local uint64_t ended_seen = 0;  // a new context may have the handle of one that ended
+  const uint64_t ended = g_contexts_ended.load(std::memory_order_acquire);
+  if (ended != ended_seen) {
+    ended_seen = ended;
+    current = nullptr;
+  }
   // A job whose DMAs are queued on a stream already makes no driver call: no context either.
   if (index > 0 && !job.words && current != job.res->ctx) {
     const bool first = current == nullptr;
@@ -310,6 +318,34 @@ bool Engine::host_lanes(int lanes, LanePool::Work work, void* arg) {
   }
   pool_.run(host_run_, lanes, work, arg, Clock::duration{});
   return true;
+}
+
+// The context is gone (the driver's call returned): its pipeline's streams, events and staging went
+// with it. The pipeline leaves the list, so that a later context, which may have the same handle,
+// sets up one of its own; its lane-pool run stays registered, unused (LanePool::kMaxRuns).
+void Engine::context_ended(CUcontext ctx) {
+  std::vector<Pipeline*> dropped;
+  std::unique_lock<std::mutex> lock(pipelines_mutex_);
+  for (size_t i = 0; i < pipelines_.size(); ++i) {
+    Pipeline* p = pipelines_[i];
+    if (p->ctx != ctx) continue;
+    // A copy still on it (the program ended the context while copying in it: the copy fails as
+    // the driver's would) or its setup: they end soon, with errors; until then it stays.
+    const bool idle = changed_.wait_for(lock, std::chrono::seconds(2), [&] {
+      return !p->in_use && p->state.load(std::memory_order_acquire) != Pipeline::Preparing;
+    });
+    pipelines_.erase(pipelines_.begin() + static_cast<long>(i));
+    --i;
+    if (idle) p->ring.abandon();  // (else its memory is left as it is: a lane may still touch it)
+    dropped.push_back(p);
+    log::write(log::Level::Debug, "a context ended: its staging pipeline is dropped (%s)",
+               idle ? "its staging unmapped" : "a copy still held it: its staging is left as it is");
+  }
+  lock.unlock();  // (a traced copy takes trace_mutex_ before pipelines_mutex_)
+  std::lock_guard<std::mutex> traced(trace_mutex_);
+  for (Pipeline* p : dropped) {
+    if (traced_ == p) traced_ = nullptr;
+  }
 }
 
 std::string Engine::dma_gpu_times() {
@@ -460,5 +496,13 @@ bool engine_host_lanes(int lanes, void (*work)(void*, int), void* arg) {
 void engine_forget_after_fork() {
   if (g_engine) g_engine->forget();
 }
+
+void engine_context_ended(CUcontext ctx) {
+  if (!ctx) return;
+  g_contexts_ended.fetch_add(1, std::memory_order_acq_rel);  // its events went with it (copy_path.cpp)
+  if (g_engine) g_engine->context_ended(ctx);
+}
+
+uint64_t engine_contexts_ended() { return g_contexts_ended.load(std::memory_order_acquire); }
 
 }  // namespace cmt

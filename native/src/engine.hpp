@@ -85,4 +85,10 @@ bool engine_host_lanes(int lanes, void (*work)(void*, int), void* arg);
 // Tells a forked child that the engine's threads do not exist in it.
 void engine_forget_after_fork();
 
+// A context ended (cuCtxDestroy, a primary context's reset or last release: hooks.cpp): what the
+// engine kept for it is dropped, after the driver's call. engine_contexts_ended counts the calls:
+// per-thread caches keyed by context handle start again when it moves.
+void engine_context_ended(CUcontext ctx);
+uint64_t engine_contexts_ended();
+
 }  // namespace cmt

@@ -1,4 +1,5 @@
-// The three doors into the driver, all generated from entry_points.def:
+// The three doors into the driver, all generated from entry_points.def (copies, the calls that end
+// a context, the resolvers):
 //  1. exported wrappers named like the driver's functions (programs linked with -lcuda);
 //  2. dlsym: a lookup of an intercepted name that finds libcuda's function gets the wrapper
 //     (static and dynamic cudart, XLA, ctypes users);
@@ -113,11 +114,62 @@ CUresult intercept_uva(EntryId id, CUdeviceptr dst, CUdeviceptr src, size_t n, C
                          REAL_CALL(name, PFN_cuMemcpyAsync, dst, src, n, s));                    \
   }
 
+// ---- calls that end a context ----------------------------------------------------------------
+
+namespace {
+
+// The device's primary context if it is active, else nullptr. A retain and a release of the
+// driver's own leave its count as it was.
+CUcontext active_primary(CUdevice dev) {
+  const Driver& d = driver();
+  auto release = real<PFN_cuDevicePrimaryCtxRelease>(EntryId::cuDevicePrimaryCtxRelease_v2);
+  unsigned int flags = 0;
+  int active = 0;
+  CUcontext ctx = nullptr;
+  if (!d.cuDevicePrimaryCtxGetState || !d.cuDevicePrimaryCtxRetain || !release ||
+      d.cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || !active ||
+      d.cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS) {
+    return nullptr;
+  }
+  release(dev);
+  return ctx;
+}
+
+// cuDevicePrimaryCtxReset or cuDevicePrimaryCtxRelease (one signature): the driver's call, then
+// the engine drops what it kept for the primary context if the call ended it.
+CUresult primary_call(EntryId id, CUdevice dev, bool ends_it) {
+  auto f = real<PFN_cuDevicePrimaryCtxRelease>(id);
+  if (!f) return CUDA_ERROR_NOT_INITIALIZED;
+  CUcontext ctx = active_primary(dev);
+  CUresult r = f(dev);
+  if (r == CUDA_SUCCESS && ctx && (ends_it || !active_primary(dev))) engine_context_ended(ctx);
+  return r;
+}
+
+}  // namespace
+
+#define WRAP_DESTROY(name)                                                           \
+  extern "C" API_EXPORT CUresult name(CUcontext ctx) {                               \
+    auto f = real<PFN_cuCtxDestroy>(EntryId::name);                                  \
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                       \
+    CUresult r = f(ctx);                                                             \
+    if (r == CUDA_SUCCESS) engine_context_ended(ctx);                                \
+    return r;                                                                        \
+  }
+// cudaDeviceReset's reset ends the primary context (it goes on under its handle, with nothing of
+// what it had); a release ends it when it was the last.
+#define WRAP_PRIMARY_RESET(name) \
+  extern "C" API_EXPORT CUresult name(CUdevice dev) { return primary_call(EntryId::name, dev, true); }
+#define WRAP_PRIMARY_RELEASE(name) \
+  extern "C" API_EXPORT CUresult name(CUdevice dev) { return primary_call(EntryId::name, dev, false); }
+
 #define ENTRY_COPY(name, shape, ds) WRAP_##shape(name, ds)
 #define ENTRY_RESOLVER(name, abi)
+#define ENTRY_CONTEXT_END(name, shape) WRAP_##shape(name)
 #include "entry_points.def"
 #undef ENTRY_COPY
 #undef ENTRY_RESOLVER
+#undef ENTRY_CONTEXT_END
 
 namespace {
 
@@ -157,9 +209,11 @@ namespace {
 void* const kWrappers[] = {
 #define ENTRY_COPY(name, shape, ds) reinterpret_cast<void*>(&name),
 #define ENTRY_RESOLVER(name, abi) reinterpret_cast<void*>(&name),
+#define ENTRY_CONTEXT_END(name, shape) reinterpret_cast<void*>(&name),
 #include "entry_points.def"
 #undef ENTRY_COPY
 #undef ENTRY_RESOLVER
+#undef ENTRY_CONTEXT_END
 };
 static_assert(sizeof(kWrappers) / sizeof(kWrappers[0]) == kEntryCount, "one wrapper per entry");
 

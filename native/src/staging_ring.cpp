@@ -46,6 +46,20 @@ void unpin(const Driver& d, Slot* slot, size_t bytes) {
 
 }  // namespace
 
+void StagingRing::abandon() {
+  for (int s = 0; s < count_; ++s) {
+    if (slots_[s].registered) {
+      d_.cuMemHostUnregister(slots_[s].mem);  // (fails where the context took the registration with it)
+      munmap(slots_[s].mem, slot_bytes_);
+    }
+    slots_[s].mem = nullptr;
+    slots_[s].last_event = nullptr;
+    give_pinned(slot_bytes_);
+  }
+  count_ = 0;
+  slot_bytes_ = 0;
+}
+
 bool StagingRing::ensure(int slots, size_t bytes, void (*before_each)()) {
   if (slot_bytes_ < bytes) {  // larger blocks than before: replace the buffers
     for (int s = 0; s < count_; ++s) {

@@ -37,6 +37,10 @@ class StagingRing {
   // driver), with the buffers it got kept. `before_each` (if given) runs before the driver pins each buffer.
   bool ensure(int slots, size_t bytes, void (*before_each)() = nullptr);
   int count() const { return count_; }
+  // The context that pinned the buffers is gone, and its registrations and cuMemHostAlloc memory
+  // with it: unmaps the buffers cmt mapped itself, touches nothing of the driver's, and gives their
+  // bytes back to the node's budget. No copy may be using the ring.
+  void abandon();
   // Readies `buffers` slots for a new copy; the first `chains` carry its blocks, the others are spares.
   void start_copy(int chains, int buffers) {
     for (int s = 0; s < buffers; ++s) {

@@ -138,6 +138,7 @@ SIGNATURES: dict[str, tuple] = {
     "cuDevicePrimaryCtxRetain": (POINTER(CUcontext), c_int),
     "cuDevicePrimaryCtxRelease_v2": (c_int,),
     "cuDevicePrimaryCtxGetState": (c_int, POINTER(c_uint), POINTER(c_int)),
+    "cuDevicePrimaryCtxReset_v2": (c_int,),
     "cuCtxCreate_v2": (POINTER(CUcontext), c_uint, c_int),
     "cuCtxDestroy_v2": (CUcontext,),
     "cuCtxSetCurrent": (CUcontext,),

@@ -57,6 +57,7 @@
   X(cuDevicePrimaryCtxRetain)           \
   X(cuDevicePrimaryCtxRelease_v2)       \
   X(cuDevicePrimaryCtxGetState)         \
+  X(cuDevicePrimaryCtxReset_v2)         \
   X(cuCtxCreate_v2)                     \
   X(cuCtxDestroy_v2)                    \
   X(cuCtxSetCurrent)                    \
@@ -251,6 +252,7 @@ struct Alloc {
 using AP = std::shared_ptr<Alloc>;
 
 struct Event {
+  Context* ctx = nullptr;  // where it was created (a primary context's reset destroys it)
   unsigned flags = 0;
   std::mutex m;
   bool recorded = false;
@@ -277,6 +279,10 @@ struct Global {
   int ndev = 1;
   std::atomic<double> copy_gbps{0}, pageable_gbps{0};  // set at init, or by fakecuda_set_copy_gbps
   bool no_stream_memops = false;  // FAKE_CUDA_NO_STREAM_MEMOPS=1: a device that cannot wait on memory
+  // FAKE_CUDA_REUSE_CONTEXTS=1: cuCtxCreate gives the handle of a destroyed context again, as a
+  // real driver's allocator may (under reg_mu).
+  bool reuse_contexts = false;
+  std::vector<Context*> destroyed;
   double host_alloc_us = 0;  // FAKE_CUDA_HOST_ALLOC_US: pinning (alloc or register) takes time (a real driver's: ms)
   // While pinning takes that time, the driver's pageable copies wait, a MiB piece at a time, and so
   // do pointer queries: a real driver's do (H100, 2026-12-06: a first 64 MiB device-to-host copy took 80 ms, against 9 plain,
@@ -378,6 +384,8 @@ void do_init() {
   g.pageable_gbps = pageable && *pageable ? env_double("FAKE_CUDA_PAGEABLE_GBPS") : 0.5;
   const char* memops = getenv("FAKE_CUDA_NO_STREAM_MEMOPS");
   g.no_stream_memops = memops && *memops && strcmp(memops, "0") != 0;
+  const char* reuse = getenv("FAKE_CUDA_REUSE_CONTEXTS");
+  g.reuse_contexts = reuse && *reuse && strcmp(reuse, "0") != 0;
   g.host_alloc_us = env_double("FAKE_CUDA_HOST_ALLOC_US");
   g.first_pageable_us = env_double("FAKE_CUDA_FIRST_PAGEABLE_US");
   if (n == 0) {
@@ -1408,16 +1416,44 @@ FAKE_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice d, unsigned int* flags,
   return CUDA_SUCCESS;
 }
 
+namespace {
+// The context's streams, taken from it (with its legacy stream when the context itself ends).
+std::vector<SP> take_streams(Context* c, bool ending) {
+  std::vector<SP> streams;
+  std::lock_guard<std::mutex> lk(c->mu);
+  if (ending) c->alive = false;
+  if (ending && c->legacy) streams.push_back(c->legacy);
+  for (auto& s : c->user) streams.push_back(s);
+  for (auto& kv : c->ptds) streams.push_back(kv.second);
+  c->user.clear();
+  c->ptds.clear();
+  return streams;
+}
+// Their handles are no longer valid (under reg_mu).
+void forget_streams(Global& g, const std::vector<SP>& streams) {
+  for (auto& s : streams) {
+    if (g.streams.erase(s.get())) g.live_user_streams.fetch_sub(1);
+  }
+}
+}  // namespace
+
 FAKE_EXPORT CUresult cuCtxCreate_v2(CUcontext* pctx, unsigned int flags, CUdevice d) {
   COUNT(cuCtxCreate_v2);
   (void)flags;
   NEED_INIT();
   if (!pctx) return CUDA_ERROR_INVALID_VALUE;
   CHECK_DEV(d);
-  auto* c = new Context;
-  c->dev = d;
+  Context* c = nullptr;
   {
     std::lock_guard<std::mutex> lk(G().reg_mu);
+    if (!G().destroyed.empty()) {
+      c = G().destroyed.back();
+      G().destroyed.pop_back();
+      c->alive = true;
+    } else {
+      c = new Context;
+    }
+    c->dev = d;
     G().contexts.insert(c);
   }
   t_ctx_stack.push_back(c);
@@ -1436,24 +1472,18 @@ FAKE_EXPORT CUresult cuCtxDestroy_v2(CUcontext h) {
     if (c->primary) return CUDA_ERROR_INVALID_CONTEXT;
   }
   ctx_sync(c);
-  std::vector<SP> streams;
-  {
-    std::lock_guard<std::mutex> lk(c->mu);
-    c->alive = false;
-    if (c->legacy) streams.push_back(c->legacy);
-    for (auto& s : c->user) streams.push_back(s);
-    for (auto& kv : c->ptds) streams.push_back(kv.second);
-    c->user.clear();
-    c->ptds.clear();
-  }
+  std::vector<SP> streams = take_streams(c, /*ending=*/true);
   {
     std::lock_guard<std::mutex> lk(g.reg_mu);
-    for (auto& s : streams) {
-      if (g.streams.erase(s.get())) g.live_user_streams.fetch_sub(1);
-    }
+    forget_streams(g, streams);
     g.contexts.erase(c);  // the object itself is leaked on purpose (stale handles stay harmless)
+    if (g.reuse_contexts) g.destroyed.push_back(c);
   }
   for (auto& s : streams) close_stream(s);
+  if (g.reuse_contexts) {
+    std::lock_guard<std::mutex> lk(c->mu);
+    c->legacy = nullptr;  // made again on first use
+  }
   if (!t_ctx_stack.empty() && t_ctx_stack.back() == c) t_ctx_stack.pop_back();
   return CUDA_SUCCESS;
 }
@@ -1714,6 +1744,38 @@ FAKE_EXPORT CUresult cuMemHostRegister_v2(void* p, size_t n, unsigned int flags)
   a->id = g.next_alloc_id.fetch_add(1);
   a->mem = static_cast<char*>(p);
   g.table[s] = a;
+  return CUDA_SUCCESS;
+}
+
+// cudaDeviceReset's driver call: every stream, event and allocation of the device's primary context
+// is destroyed (pinned host memory freed, registrations of host memory undone), and the context
+// goes on under the same handle, as a real driver's does. A library that kept objects of it finds
+// them gone.
+FAKE_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) {
+  COUNT(cuDevicePrimaryCtxReset_v2);
+  NEED_INIT();
+  CHECK_DEV(d);
+  Global& g = G();
+  Context* c = g.devices[d].primary;
+  ctx_sync(c);
+  std::vector<SP> streams = take_streams(c, /*ending=*/false);
+  {
+    std::lock_guard<std::mutex> lk(g.reg_mu);
+    forget_streams(g, streams);
+    for (auto it = g.events.begin(); it != g.events.end();) it = it->second->ctx == c ? g.events.erase(it) : std::next(it);
+  }
+  for (auto& s : streams) close_stream(s);
+  std::vector<std::pair<uintptr_t, MKind>> gone;
+  {
+    std::shared_lock<std::shared_mutex> lk(g.table_mu);
+    for (auto& kv : g.table) {
+      if (kv.second->ctx == c) gone.emplace_back(kv.first, kv.second->kind);
+    }
+  }
+  for (auto& [start, kind] : gone) {
+    if (kind == MKind::DEVICE || kind == MKind::MANAGED) cuMemFree_v2(start);
+    else table_remove(start, {kind});
+  }
   return CUDA_SUCCESS;
 }
 
@@ -2046,6 +2108,7 @@ FAKE_EXPORT CUresult cuEventCreate(CUevent* ph, unsigned int flags) {
   if (rc) return rc;
   if (!ph) return CUDA_ERROR_INVALID_VALUE;
   auto e = std::make_shared<Event>();
+  e->ctx = c;
   e->flags = flags;
   {
     std::lock_guard<std::mutex> lk(G().reg_mu);

@@ -198,3 +198,36 @@ def test_c_program_cudart(cudart, tmp_path):
     assert "OK c program" in proc.stdout, proc.stdout + proc.stderr
     assert accelerated(proc.stderr, "h2d") >= 4 and accelerated(proc.stderr, "d2h") >= 4, proc.stderr
     assert "pinned_host" in proc.stderr
+
+
+def test_copies_after_a_device_reset_are_staged_again_and_exact():
+    """cudaDeviceReset's driver call (cuDevicePrimaryCtxReset) takes the primary context's streams,
+    events and pinned memory with it, and the context goes on under its handle: cmt's pipeline for
+    it must not serve the copies after it, from this thread or another."""
+    proc = run_python("""
+        import threading
+        import numpy as np
+        from cmt import cuda
+        drv = cuda.load()
+        dev = drv.open_device(0)
+        n = 64 << 20
+        def round_trip(seed):
+            drv.set_current(dev.context)
+            host = np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+            back = np.zeros_like(host)
+            d = drv.mem_alloc(n)
+            for _ in range(3):
+                drv.memcpy_htod(d, host.ctypes.data, n)
+                drv.memcpy_dtoh(back.ctypes.data, d, n)
+                assert np.array_equal(back, host), seed
+                back[:] = 0
+            drv.mem_free(d)
+        round_trip(1)
+        drv.call("cuDevicePrimaryCtxReset_v2", 0)
+        round_trip(2)
+        t = threading.Thread(target=round_trip, args=(3,))
+        t.start(); t.join()
+        print('OK after reset')
+    """, env={"CMT_TEST_HOOKS": "wait_setup=1"})  # copies wait for each pipeline's setup: 9 staged each way
+    assert "OK after reset" in proc.stdout
+    assert accelerated(proc.stderr, "h2d") >= 6 and accelerated(proc.stderr, "d2h") >= 6, proc.stderr

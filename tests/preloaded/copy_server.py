@@ -412,6 +412,32 @@ def one_way(req: dict) -> dict:
             "events": after["events"]}
 
 
+def context_ends(req: dict) -> dict:
+    """A round trip, then the end of its context, `how`: "reset" (cudaDeviceReset's call: the primary
+    context goes on under its handle with nothing of what it had) or "destroy" (a created context,
+    destroyed; the next created one may get its handle); then round trips in the context after it,
+    from this thread and from a new one. Each round trip's bytes are checked."""
+    global ctx
+    n = req["size"]
+    if req["how"] == "destroy":
+        drv.ctx_set_current(drv.ctx_create(0))
+    first = roundtrip({"size": n, "seed": 1})
+    old = drv.ctx_get_current()
+    if req["how"] == "reset":
+        drv.check("cuDevicePrimaryCtxReset_v2", 0)
+    else:
+        drv.ctx_destroy(drv.ctx_get_current())
+        drv.ctx_set_current(drv.ctx_create(0))
+    ctx = drv.ctx_get_current()
+    after = [roundtrip({"size": n, "seed": 2})]
+    other: list = []
+    worker = threading.Thread(
+        target=lambda: (drv.ctx_set_current(ctx), other.append(roundtrip({"size": n, "seed": 3}))))
+    worker.start()
+    worker.join()
+    return {"first": first, "after": after + other, "same_handle": ctx == old}
+
+
 def counts(req: dict) -> dict:
     """How often the stand-in driver's entry points `names` were called so far."""
     return {"counts": {name: drv.call_count(name) for name in req["names"]}}
@@ -521,7 +547,8 @@ def main() -> None:
     handlers = {"roundtrip": roundtrip, "ordering": ordering, "concurrent": concurrent, "call": call,
                 "fork": fork, "multi_device": multi_device, "legacy_during_capture": legacy_during_capture,
                 "overlap": overlap, "timed_copies": timed_copies, "hold": hold, "held": held, "node_lanes": node_lanes,
-                "counts": counts, "one_way": one_way, "threads": threads, "stats": lambda _r: stats()}
+                "counts": counts, "one_way": one_way, "context_ends": context_ends, "threads": threads,
+                "stats": lambda _r: stats()}
     for line in sys.stdin:
         req = json.loads(line)
         try:
