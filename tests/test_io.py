@@ -67,10 +67,8 @@ def test_reads_and_writes_are_byte_exact_at_any_size_offset_and_alignment(run_py
     ''')
 
 
-@pytest.mark.parametrize("direct", ["1", "0"], ids=["default", "CMT_IO_DIRECT=0"])
-def test_uncached_aligned_reads_go_o_direct_and_cached_ones_through_the_page_cache(run_python, tmp_path, direct):
-    """Cold aligned pieces go O_DIRECT, cached ones buffered; with CMT_IO_DIRECT=0 (the cold-read
-    experiment's switch) everything goes buffered."""
+def test_uncached_aligned_reads_go_o_direct_and_cached_ones_through_the_page_cache(run_python, tmp_path):
+    """Cold aligned pieces go O_DIRECT, cached ones buffered."""
     if not o_direct_works(tmp_path):
         pytest.skip(f"{tmp_path} has no O_DIRECT (tmpfs?)")
     run_scenario(run_python, f'''
@@ -78,16 +76,12 @@ def test_uncached_aligned_reads_go_o_direct_and_cached_ones_through_the_page_cac
         data = pattern(16 * MiB + 5000, 2)
         make_file(path, data, cached=False)
         d = drv.mem_alloc(len(data))
-        direct = {direct == "1"}
         with cmt.io.open(path) as f:
             assert cmt.io._lib.resident_fraction(f.fileno(), 0, len(data)) < 0.1
             n, cold = counted(lambda: f.read((d, len(data))))
             assert n == len(data) and drv.peek(d, n) == data
-            if direct:  # every piece aligned and not cached went O_DIRECT: all but the last partial 4 KiB
-                assert cold == {{"direct_bytes": 16 * MiB + 4096, "buffered_bytes": 904,
-                                 "direct_refused_files": 0}}, cold
-            else:  # (a buffered piece taken over from a stalled lane is read again)
-                assert cold["direct_bytes"] == 0 and cold["buffered_bytes"] >= len(data), cold
+            # every piece aligned and not cached went O_DIRECT: all but the last partial 4 KiB
+            assert cold == {{"direct_bytes": 16 * MiB + 4096, "buffered_bytes": 904, "direct_refused_files": 0}}, cold
             with open(path, "rb") as g:
                 g.read()  # into the page cache
             drv.memset_d8(d, 0, n)
@@ -98,8 +92,8 @@ def test_uncached_aligned_reads_go_o_direct_and_cached_ones_through_the_page_cac
             evict(path)
             n, odd = counted(lambda: f.read((d, len(data)), size=8 * MiB, file_offset=1000))
             assert n == 8 * MiB and drv.peek(d, n) == data[1000:1000 + n]
-            assert odd["direct_bytes"] >= 8 * MiB - 8192 if direct else odd["direct_bytes"] == 0, odd
-    ''', CMT_IO_DIRECT=direct)
+            assert odd["direct_bytes"] >= 8 * MiB - 8192, odd
+    ''')
 
 
 def test_a_lane_whose_piece_is_taken_over_does_not_read_the_disk_again(run_python, tmp_path):

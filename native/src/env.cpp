@@ -120,7 +120,6 @@ Env read_env() {
   read_number("CMT_NODE_PINNED_MB", 1, 1L << 30, &e.node_pinned_mb);
   read_prefault(e);
   read_flag("CMT_FROM_FILE", &e.from_file);
-  read_flag("CMT_IO_DIRECT", &e.io_direct);
   read_number("CMT_READ_THRESHOLD", 0, 1L << 40, &e.read_threshold);
   if (const char* v = getenv("CMT_PLAN")) e.plan = v;
   if (const char* v = getenv("CMT_PROFILE_DIR")) e.profile_dir = v;

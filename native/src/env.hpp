@@ -22,8 +22,6 @@ struct Env {
   Prefault prefault = Prefault::HugePopulate;  // CMT_PREFAULT=huge|populate|none
   bool from_file = true;       // CMT_FROM_FILE=0: copies from file mappings come from memory (mapped_copy.hpp)
   long read_threshold = 4L << 20;  // CMT_READ_THRESHOLD: reads of files split over the lanes from this size; 0 off
-  // CMT_IO_DIRECT=0 (an experiment, docs/storage.md "Cold reads"): cold ranges are read buffered too
-  bool io_direct = true;
   std::string plan;         // CMT_PLAN (internal): the tuned file's rules, from `cmt run`
   std::string profile_dir;  // CMT_PROFILE_DIR (internal): where `cmt profile` records
   // CMT_TEST_HOOKS (internal, for the tests alone): "piece=BYTES,late_start_us=US,guard=0,wait_setup=1,park_..."

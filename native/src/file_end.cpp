@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <cstring>
 
-#include "env.hpp"
 #include "log.hpp"
 #include "page_cache.hpp"
 
@@ -181,8 +180,7 @@ size_t transfer_all(int fd, char* buf, uint64_t pos, size_t len, bool write, siz
 
 bool FileEnd::will_go_direct(const char* buf, uint64_t pos, size_t len) {
   const size_t a = file_.align();
-  if (!allow_direct_ || !env().io_direct || !file_.may_direct() || len < a || pos % a ||
-      reinterpret_cast<uintptr_t>(buf) % a) {
+  if (!allow_direct_ || !file_.may_direct() || len < a || pos % a || reinterpret_cast<uintptr_t>(buf) % a) {
     return false;
   }
   // A fraction that cannot be told (-1) counts as not cached.

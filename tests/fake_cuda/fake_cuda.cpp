@@ -1748,9 +1748,9 @@ FAKE_EXPORT CUresult cuMemHostRegister_v2(void* p, size_t n, unsigned int flags)
 }
 
 // cudaDeviceReset's driver call: every stream, event and allocation of the device's primary context
-// is destroyed (pinned host memory freed, registrations of host memory undone), and the context
-// goes on under the same handle, as a real driver's does. A library that kept objects of it finds
-// them gone.
+// is destroyed (pinned host memory freed, registrations of host memory undone). A real driver's
+// destroys the context, and the next retain makes a new one under the same handle (H100, driver
+// 580); here the context simply goes on under it. A library that kept objects of it finds them gone.
 FAKE_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) {
   COUNT(cuDevicePrimaryCtxReset_v2);
   NEED_INIT();

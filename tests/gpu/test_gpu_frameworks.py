@@ -201,9 +201,10 @@ def test_c_program_cudart(cudart, tmp_path):
 
 
 def test_copies_after_a_device_reset_are_staged_again_and_exact():
-    """cudaDeviceReset's driver call (cuDevicePrimaryCtxReset) takes the primary context's streams,
-    events and pinned memory with it, and the context goes on under its handle: cmt's pipeline for
-    it must not serve the copies after it, from this thread or another."""
+    """cudaDeviceReset's driver call (cuDevicePrimaryCtxReset) destroys the primary context with its
+    streams, events and pinned memory; the next retain makes a new one, which may have the old
+    handle: cmt's pipeline for the old one must not serve the copies after it, from this thread or
+    another."""
     proc = run_python("""
         import threading
         import numpy as np
@@ -211,8 +212,9 @@ def test_copies_after_a_device_reset_are_staged_again_and_exact():
         drv = cuda.load()
         dev = drv.open_device(0)
         n = 64 << 20
+        ctx = dev.context
         def round_trip(seed):
-            drv.set_current(dev.context)
+            drv.set_current(ctx)
             host = np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
             back = np.zeros_like(host)
             d = drv.mem_alloc(n)
@@ -223,7 +225,9 @@ def test_copies_after_a_device_reset_are_staged_again_and_exact():
                 back[:] = 0
             drv.mem_free(d)
         round_trip(1)
-        drv.call("cuDevicePrimaryCtxReset_v2", 0)
+        assert drv.lib.cuDevicePrimaryCtxReset_v2(dev.handle) == 0  # (through dlsym, as cudart finds it)
+        ctx = drv.retain_primary(dev.handle)  # a new primary context, as cudart's next call makes
+        print('same handle' if ctx == dev.context else 'new handle')
         round_trip(2)
         t = threading.Thread(target=round_trip, args=(3,))
         t.start(); t.join()
