@@ -182,3 +182,40 @@ def test_a_large_stream_ordered_transfer_queues_few_large_dmas(run_python, tmp_p
         else:
             assert open(path, "rb").read() == data
     ''')
+
+
+def test_transfers_after_cudaDeviceReset_under_cmt_run_get_new_buffers_and_every_byte(run_python, tmp_path):
+    """Under `cmt run` (the library preloaded, so the reset reaches its hook): the primary context's
+    reset takes its streams and pinned memory with it, among them what cmt.io made for it (small
+    transfers' bounce buffers, stream-ordered pipelines, the words streams wait on). Synchronous,
+    small and stream-ordered transfers after it make their own, and every byte arrives."""
+    from cmt.native import library_path
+
+    run_scenario(run_python, f'''
+        path = os.path.join({str(tmp_path)!r}, "f.bin")
+        data = pattern(6 * MiB + 99, 4)
+        make_file(path, data)
+        n = len(data)
+
+        def every_kind(seed):
+            d = drv.mem_alloc(n)
+            with cmt.io.open(path) as f:
+                assert f.read((d, n)) == n and drv.peek(d, n) == data
+                small = drv.mem_alloc(4096)
+                assert f.read((small, 4096), file_offset=5000) == 4096 and drv.peek(small, 4096) == data[5000:9096]
+                s = drv.stream_create()
+                drv.memset_d8(d, 0, n)
+                assert f.read_async((d, n), s).check_bytes_done(timeout=60) == n
+                drv.stream_sync(s)
+                assert drv.peek(d, n) == data
+            out = os.path.join({str(tmp_path)!r}, f"out{{seed}}.bin")
+            with cmt.io.open(out, "w") as g:
+                assert g.write_async((d, n), s).check_bytes_done(timeout=60) == n
+            drv.stream_sync(s)
+            assert open(out, "rb").read() == data
+
+        every_kind(1)
+        drv.check("cuDevicePrimaryCtxReset_v2", 0)
+        every_kind(2)
+        print("OK")
+    ''', LD_PRELOAD=str(library_path()))

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <vector>
 
+#include "engine.hpp"
 #include "file_transfer.hpp"
 #include "log.hpp"
 #include "node_budget.hpp"
@@ -14,9 +15,18 @@ namespace cmt {
 
 class BouncePool {
  public:
-  explicit BouncePool(CUcontext ctx) : ctx_(ctx), pid_(getpid()) {}
+  explicit BouncePool(CUcontext ctx) : ctx_(ctx), pid_(getpid()), born_(engine_contexts_ended()) {}
   CUcontext ctx() const { return ctx_; }
   pid_t pid() const { return pid_; }
+  // Its context ended: the buffers and streams went with it. The pool is left (buffers still in
+  // flight name it) and gives its pinned budget back.
+  bool ended() const { return engine_context_ended_since(ctx_, born_); }
+  void abandon() {
+    std::lock_guard<std::mutex> lock(make_mutex_);
+    const size_t mib = size_t(1) << 20;
+    if (pinned_) give_pinned((pinned_ + mib - 1) / mib * mib);
+    pinned_ = 0;
+  }
 
   Bounce* take() {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -85,6 +95,7 @@ class BouncePool {
 
   CUcontext ctx_;
   pid_t pid_;
+  uint64_t born_;  // engine_contexts_ended() when it was made
   std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<Bounce*> free_;
@@ -102,8 +113,12 @@ BouncePool* pool_for(CUcontext ctx) {
   static std::vector<BouncePool*> pools;
   std::lock_guard<std::mutex> lock(mutex);
   const pid_t pid = getpid();
-  for (BouncePool* p : pools) {
-    if (p->ctx() == ctx && p->pid() == pid) return p;  // a forked child has none of the parent's
+  for (size_t i = 0; i < pools.size(); ++i) {
+    BouncePool* p = pools[i];
+    if (p->ctx() != ctx || p->pid() != pid) continue;  // a forked child has none of the parent's
+    if (!p->ended()) return p;
+    p->abandon();  // a new context with the old one's handle: a pool of its own
+    pools.erase(pools.begin() + static_cast<long>(i--));
   }
   pools.push_back(new BouncePool(ctx));
   return pools.back();

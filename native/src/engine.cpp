@@ -54,6 +54,8 @@ void count_in_flight() {
   g_copies_in_flight.fetch_add(1, std::memory_order_acq_rel);
 }
 std::atomic<uint64_t> g_contexts_ended{0};  // contexts that ended (engine_context_ended)
+std::mutex g_ended_mutex;
+std::vector<std::pair<CUcontext, uint64_t>> g_ended;  // each one, and g_contexts_ended once it had ended
 std::atomic<uint64_t> g_setup_paused_ns{0};  // for the debug log
 constexpr uint64_t kMaxSetupPauseNs = 500'000'000;  // a copy that takes longer gets one buffer pinned under it
 
@@ -499,8 +501,21 @@ void engine_forget_after_fork() {
 
 void engine_context_ended(CUcontext ctx) {
   if (!ctx) return;
-  g_contexts_ended.fetch_add(1, std::memory_order_acq_rel);  // its events went with it (copy_path.cpp)
+  {
+    std::lock_guard<std::mutex> lock(g_ended_mutex);
+    // (its events went with it: per-thread caches start again, copy_path.cpp)
+    g_ended.emplace_back(ctx, g_contexts_ended.fetch_add(1, std::memory_order_acq_rel) + 1);
+  }
   if (g_engine) g_engine->context_ended(ctx);
+}
+
+bool engine_context_ended_since(CUcontext ctx, uint64_t seen) {
+  if (g_contexts_ended.load(std::memory_order_acquire) == seen) return false;  // the usual case: one load
+  std::lock_guard<std::mutex> lock(g_ended_mutex);
+  for (const auto& [c, n] : g_ended) {
+    if (c == ctx && n > seen) return true;
+  }
+  return false;
 }
 
 uint64_t engine_contexts_ended() { return g_contexts_ended.load(std::memory_order_acquire); }

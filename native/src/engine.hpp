@@ -90,5 +90,8 @@ void engine_forget_after_fork();
 // per-thread caches keyed by context handle start again when it moves.
 void engine_context_ended(CUcontext ctx);
 uint64_t engine_contexts_ended();
+// Whether a context with handle ctx ended after engine_contexts_ended() was `seen`: what was made
+// for it then is gone (cmt.io's bounce buffers, stream-ordered pipelines and flag words).
+bool engine_context_ended_since(CUcontext ctx, uint64_t seen);
 
 }  // namespace cmt

@@ -25,17 +25,26 @@ namespace {
 constexpr size_t kDriverBounceBytes = size_t(4) << 20;
 
 // A private non-blocking stream per context: what the engine orders its end of a file-to-device
-// copy on, and what the transfer then waits for (the DMAs still in flight). Never destroyed.
+// copy on, and what the transfer then waits for (the DMAs still in flight). Never destroyed; made
+// again for a new context with the handle of one that ended (engine.hpp).
 CUstream private_stream(const Driver& d, CUcontext ctx) {
+  struct Private {
+    CUcontext ctx;
+    CUstream stream;
+    uint64_t born;  // engine_contexts_ended() when it was made
+  };
   static std::mutex mutex;
-  static std::vector<std::pair<CUcontext, CUstream>> streams;
+  static std::vector<Private> streams;
   std::lock_guard<std::mutex> lock(mutex);
-  for (auto& [c, s] : streams) {
-    if (c == ctx) return s;
+  for (size_t i = 0; i < streams.size(); ++i) {
+    if (streams[i].ctx != ctx) continue;
+    if (!engine_context_ended_since(ctx, streams[i].born)) return streams[i].stream;
+    streams.erase(streams.begin() + static_cast<long>(i--));
   }
   CUstream s = nullptr;
+  const uint64_t born = engine_contexts_ended();
   if (d.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return nullptr;
-  streams.emplace_back(ctx, s);
+  streams.push_back(Private{ctx, s, born});
   return s;
 }
 

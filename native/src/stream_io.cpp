@@ -1,5 +1,6 @@
 #include "stream_io.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "driver.hpp"
+#include "engine.hpp"
 #include "log.hpp"
 #include "stream_pipeline.hpp"
 
@@ -31,11 +33,13 @@ void release(StreamOp* op) {
 }
 
 // Pinned, device-mapped 32-bit words, a page at a time. A free word holds the value its last
-// transfer set, so the next transfer on it waits for one more.
+// transfer set, so the next transfer on it waits for one more. A page belongs to the context that
+// was current when it was made: when that context ends, the page goes with it, and its words too.
 class FlagWords {
  public:
   bool take(const Driver& d, uint32_t** word, uint32_t* target) {
     std::lock_guard<std::mutex> lock(mutex_);
+    forget_if_ended();
     if (free_.empty() && !add_page(d)) return false;
     *word = free_.back();
     free_.pop_back();
@@ -47,28 +51,52 @@ class FlagWords {
   bool warmed() const { return pages_made_.load(std::memory_order_acquire); }
   void warm(const Driver& d) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (free_.empty() && !pages_) add_page(d);
+    forget_if_ended();
+    if (free_.empty() && pages_.empty()) add_page(d);
   }
   void give(uint32_t* word) {
     std::lock_guard<std::mutex> lock(mutex_);
-    free_.push_back(word);
+    for (const Page& page : pages_) {
+      if (page.holds(word)) {
+        free_.push_back(word);
+        return;
+      }
+    }  // (a word of a page whose context ended: gone with it)
   }
 
  private:
+  static constexpr size_t kPageBytes = 4096;
+  struct Page {
+    uint32_t* words;
+    CUcontext ctx;
+    uint64_t born;  // engine_contexts_ended() when it was made
+    bool holds(const uint32_t* w) const { return w >= words && w < words + kPageBytes / sizeof(uint32_t); }
+  };
+
+  void forget_if_ended() {
+    for (size_t i = 0; i < pages_.size(); ++i) {
+      const Page page = pages_[i];
+      if (!engine_context_ended_since(page.ctx, page.born)) continue;
+      free_.erase(std::remove_if(free_.begin(), free_.end(), [&](uint32_t* w) { return page.holds(w); }), free_.end());
+      pages_.erase(pages_.begin() + static_cast<long>(i--));
+    }
+    if (pages_.empty()) pages_made_.store(false, std::memory_order_release);
+  }
   bool add_page(const Driver& d) {
     void* page = nullptr;
-    if (d.cuMemHostAlloc(&page, kPageBytes, CU_MEMHOSTALLOC_PORTABLE | kMemHostAllocDeviceMap) != CUDA_SUCCESS) {
+    CUcontext ctx = nullptr;
+    if (d.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS ||
+        d.cuMemHostAlloc(&page, kPageBytes, CU_MEMHOSTALLOC_PORTABLE | kMemHostAllocDeviceMap) != CUDA_SUCCESS) {
       return false;
     }
     memset(page, 0, kPageBytes);
     for (size_t i = 0; i < kPageBytes / sizeof(uint32_t); ++i) free_.push_back(static_cast<uint32_t*>(page) + i);
-    ++pages_;
+    pages_.push_back(Page{static_cast<uint32_t*>(page), ctx, engine_contexts_ended()});
     pages_made_.store(true, std::memory_order_release);
     return true;
   }
 
-  static constexpr size_t kPageBytes = 4096;
-  int pages_ = 0;
+  std::vector<Page> pages_;
   std::atomic<bool> pages_made_{false};
   std::mutex mutex_;
   std::vector<uint32_t*> free_;

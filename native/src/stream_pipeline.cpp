@@ -68,7 +68,8 @@ void wait_word(const uint32_t* word, uint32_t target) {
 
 class StreamPipeline {
  public:
-  StreamPipeline(CUcontext ctx, bool small) : ctx_(ctx), small_(small), pid_(getpid()) {}
+  StreamPipeline(CUcontext ctx, bool small)
+      : ctx_(ctx), small_(small), pid_(getpid()), born_(engine_contexts_ended()) {}
 
   // Its words and lane run (in the caller's thread); false if either cannot be had.
   bool make() {
@@ -91,6 +92,8 @@ class StreamPipeline {
   CUcontext ctx() const { return ctx_; }
   bool small() const { return small_; }
   pid_t pid() const { return pid_; }
+  // Its context ended, with its staging, streams and words: never used again (engine.hpp).
+  bool ended() const { return engine_context_ended_since(ctx_, born_); }
   size_t queued() {
     std::lock_guard<std::mutex> lock(mutex_);
     return queue_.size();
@@ -121,6 +124,7 @@ class StreamPipeline {
   CUcontext ctx_;
   bool small_;
   pid_t pid_;
+  uint64_t born_;  // engine_contexts_ended() when it was made
   StagingRing ring_;
   void* page_ = nullptr;  // the words: host[kMaxSlots], gpu[kMaxSlots], a spare (always 0)
   uint32_t* host_words_ = nullptr;
@@ -274,6 +278,7 @@ StreamPipeline* pipeline_for(CUcontext ctx, const PipelineTransfer& t, const Str
   int mine = 0;
   for (StreamPipeline* p : g_pipelines) {
     if (p->ctx() != ctx || p->small() != small || p->pid() != pid) continue;  // a forked child has its own
+    if (p->ended()) continue;  // (left in the list: host functions and lanes may still name it)
     ++mine;
     if (p->fit_idle(want.slots, want.block)) return p;
     const size_t n = p->queued();
