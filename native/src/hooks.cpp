@@ -156,8 +156,8 @@ CUresult primary_call(EntryId id, CUdevice dev, bool ends_it) {
     if (r == CUDA_SUCCESS) engine_context_ended(ctx);                                \
     return r;                                                                        \
   }
-// cudaDeviceReset's reset ends the primary context (it goes on under its handle, with nothing of
-// what it had); a release ends it when it was the last.
+// cudaDeviceReset's reset ends the primary context (the next retain makes a new one, with the same
+// handle on the H100's driver 580); a release ends it when it was the last.
 #define WRAP_PRIMARY_RESET(name) \
   extern "C" API_EXPORT CUresult name(CUdevice dev) { return primary_call(EntryId::name, dev, true); }
 #define WRAP_PRIMARY_RELEASE(name) \
