@@ -447,6 +447,19 @@ def test_copies_after_their_context_ended_get_a_new_pipeline_and_every_byte(fake
         assert trip["stats"] == {"h2d": {"accelerated": 1}, "d2h": {"accelerated": 1}}, r
 
 
+def test_a_program_that_resets_its_device_again_and_again_keeps_its_copies_staged(fake_driver_dir):
+    """A test suite that resets the device between tests: each reset's pipeline is reused for the
+    next context (a process registers at most 64 with the lane pool), so copies after the 80th
+    reset are still staged, byte for byte."""
+    s = CopyServer(fake_driver_dir, CMT_STATS="1")
+    r = s("context_ends", how="reset", size=MIB, repeat=80)
+    s.close()
+    assert r["ok"], r
+    assert all(t["device_ok"] and t["host_ok"] for t in r["after"]), r
+    staged = [t["stats"] == {"h2d": {"accelerated": 1}, "d2h": {"accelerated": 1}} for t in r["after"]]
+    assert all(staged), staged.index(False)
+
+
 # ---- the node's budget of copy threads ------------------------------------------------------------
 
 def _lanes_settle(server, want: dict, timeout_s: float = 20) -> dict:

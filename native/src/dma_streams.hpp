@@ -32,6 +32,12 @@ class DmaStreams {
   // CMT_TRACE: timing events for a copy of `blocks` DMAs on res's stream (from now on).
   void trace_begin(ContextResources* res, size_t blocks);
   void trace_forget() { trace_res_ = nullptr; }
+  // Their context ended, and its streams and events with it: a context with the same handle gets
+  // new ones. (The old records are left: their handles are dead.)
+  void forget_contexts() {
+    contexts_.clear();
+    trace_res_ = nullptr;
+  }
   // The traced copy's DMAs as JSON [[start_us, end_us], ...] from its base event; waits for them.
   std::string trace_gpu_times(size_t blocks);
 

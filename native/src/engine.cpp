@@ -150,6 +150,9 @@ class Engine {
   std::mutex pipelines_mutex_;  // the pipelines (never shrinks: copies hold pointers), who uses them
   std::condition_variable changed_;  // a pipeline was released or finished its setup
   std::vector<Pipeline*> pipelines_;
+  // Pipelines whose context ended while none of their copies ran, emptied: the next context's
+  // pipeline reuses one, and with it its lane-pool run (LanePool::kMaxRuns).
+  std::vector<Pipeline*> retired_;
   // Copies waiting for their context's pipeline, by context and ticket: the earliest goes first.
   std::vector<std::pair<CUcontext, uint64_t>> waiting_;
   uint64_t tickets_ = 0;
@@ -160,13 +163,23 @@ class Engine {
 };
 
 bool Engine::make(CUcontext ctx, const std::optional<Settings>& first) {
-  auto* p = new Pipeline();
+  Pipeline* p = nullptr;
+  if (!retired_.empty()) {  // one whose context ended: its lane-pool run is registered already
+    p = retired_.back();
+    retired_.pop_back();
+    p->state.store(Pipeline::Preparing, std::memory_order_relaxed);
+    p->tail = nullptr;
+    p->place = NumaPlace{};
+    p->run.place = nullptr;
+  } else {
+    p = new Pipeline();
+    if (!pool_.add(&p->run)) {
+      delete p;
+      return false;
+    }
+  }
   p->ctx = ctx;
   p->first = first;
-  if (!pool_.add(&p->run)) {
-    delete p;
-    return false;
-  }
   pipelines_.push_back(p);
   g_preparing.fetch_add(1, std::memory_order_acq_rel);
   // The copy that makes it was not counted (nothing was being set up): its setup waits for it too.
@@ -324,7 +337,7 @@ bool Engine::host_lanes(int lanes, LanePool::Work work, void* arg) {
 
 // The context is gone (the driver's call returned): its pipeline's streams, events and staging went
 // with it. The pipeline leaves the list, so that a later context, which may have the same handle,
-// sets up one of its own; its lane-pool run stays registered, unused (LanePool::kMaxRuns).
+// sets up one of its own (reusing this one, emptied, where no copy held it).
 void Engine::context_ended(CUcontext ctx) {
   std::vector<Pipeline*> dropped;
   std::unique_lock<std::mutex> lock(pipelines_mutex_);
@@ -338,7 +351,11 @@ void Engine::context_ended(CUcontext ctx) {
     });
     pipelines_.erase(pipelines_.begin() + static_cast<long>(i));
     --i;
-    if (idle) p->ring.abandon();  // (else its memory is left as it is: a lane may still touch it)
+    if (idle) {
+      p->ring.abandon();
+      p->dma.forget_contexts();
+      retired_.push_back(p);
+    }  // (else it is left as it is: a lane may still touch its memory)
     dropped.push_back(p);
     log::write(log::Level::Debug, "a context ended: its staging pipeline is dropped (%s)",
                idle ? "its staging unmapped" : "a copy still held it: its staging is left as it is");

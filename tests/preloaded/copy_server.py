@@ -416,20 +416,23 @@ def context_ends(req: dict) -> dict:
     """A round trip, then the end of its context, `how`: "reset" (cudaDeviceReset's call: the primary
     context goes on under its handle with nothing of what it had) or "destroy" (a created context,
     destroyed; the next created one may get its handle); then round trips in the context after it,
-    from this thread and from a new one. Each round trip's bytes are checked."""
+    `repeat` times (each in a context after one that ended), then one from a new thread. Each round
+    trip's bytes are checked."""
     global ctx
     n = req["size"]
     if req["how"] == "destroy":
         drv.ctx_set_current(drv.ctx_create(0))
     first = roundtrip({"size": n, "seed": 1})
     old = drv.ctx_get_current()
-    if req["how"] == "reset":
-        drv.check("cuDevicePrimaryCtxReset_v2", 0)
-    else:
-        drv.ctx_destroy(drv.ctx_get_current())
-        drv.ctx_set_current(drv.ctx_create(0))
-    ctx = drv.ctx_get_current()
-    after = [roundtrip({"size": n, "seed": 2})]
+    after = []
+    for _ in range(req.get("repeat", 1)):
+        if req["how"] == "reset":
+            drv.check("cuDevicePrimaryCtxReset_v2", 0)
+        else:
+            drv.ctx_destroy(drv.ctx_get_current())
+            drv.ctx_set_current(drv.ctx_create(0))
+        ctx = drv.ctx_get_current()
+        after.append(roundtrip({"size": n, "seed": 2}))
     other: list = []
     worker = threading.Thread(
         target=lambda: (drv.ctx_set_current(ctx), other.append(roundtrip({"size": n, "seed": 3}))))
