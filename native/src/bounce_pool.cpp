@@ -15,12 +15,12 @@ namespace cmt {
 
 class BouncePool {
  public:
-  explicit BouncePool(CUcontext ctx) : ctx_(ctx), pid_(getpid()), born_(engine_contexts_ended()) {}
-  CUcontext ctx() const { return ctx_; }
+  explicit BouncePool(CUcontext ctx) : made_for_(ctx), pid_(getpid()) {}
+  CUcontext ctx() const { return made_for_.ctx; }
   pid_t pid() const { return pid_; }
   // Its context ended: the buffers and streams went with it. The pool is left (buffers still in
   // flight name it) and gives its pinned budget back.
-  bool ended() const { return engine_context_ended_since(ctx_, born_); }
+  bool ended() const { return made_for_.ended(); }
   void abandon() {
     std::lock_guard<std::mutex> lock(make_mutex_);
     const size_t mib = size_t(1) << 20;
@@ -93,9 +93,8 @@ class BouncePool {
     return nullptr;
   }
 
-  CUcontext ctx_;
+  ContextStamp made_for_;
   pid_t pid_;
-  uint64_t born_;  // engine_contexts_ended() when it was made
   std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<Bounce*> free_;

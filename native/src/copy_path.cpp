@@ -39,10 +39,7 @@ CUevent entry_event(const Driver& d, CUcontext ctx) {
   static thread_local CUevent events[kSlots];
   static thread_local int used = 0;
   static thread_local uint64_t ended_seen = 0;
-  if (const uint64_t ended = engine_contexts_ended(); ended != ended_seen) {
-    ended_seen = ended;  // a context ended, with its events: a new one may have its handle
-    used = 0;
-  }
+  if (contexts_ended_since(&ended_seen)) used = 0;  // their events went with them
   for (int i = 0; i < used; ++i) {
     if (ctxs[i] == ctx) return events[i];
   }

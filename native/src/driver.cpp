@@ -109,7 +109,7 @@ const char* entry_name(EntryId id) { return kEntryNames[static_cast<int>(id)]; }
 
 int entry_by_name(const char* name) {
   // Cheap reject first: dlsym is called for every symbol of every library.
-  if (!name || name[0] != 'c' || name[1] != 'u' || !strchr("MGCD", name[2]) || !name[2]) return -1;
+  if (!name || name[0] != 'c' || name[1] != 'u' || !name[2] || !strchr("MGCD", name[2])) return -1;
   for (int i = 0; i < kEntryCount; ++i) {
     if (!strcmp(name, kEntryNames[i])) return i;
   }

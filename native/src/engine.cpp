@@ -108,6 +108,17 @@ struct Pipeline {
   LanePool::Run run;
   NumaPlace place;  // the GPU's NUMA node, where its staging and workers sit (numa_place.hpp)
   Job job;
+
+  // Its context ended, and the streams, events and staging it had there with it: emptied, it waits
+  // to serve the next context's setup (its lane-pool run stays registered). No copy may be on it.
+  void retire() {
+    ring.abandon();
+    dma.forget_contexts();
+    tail = nullptr;
+    place = NumaPlace{};
+    run.place = nullptr;
+    state.store(Preparing, std::memory_order_relaxed);
+  }
 };
 
 class Engine {
@@ -164,13 +175,9 @@ class Engine {
 
 bool Engine::make(CUcontext ctx, const std::optional<Settings>& first) {
   Pipeline* p = nullptr;
-  if (!retired_.empty()) {  // one whose context ended: its lane-pool run is registered already
+  if (!retired_.empty()) {  // one whose context ended (Pipeline::retire)
     p = retired_.back();
     retired_.pop_back();
-    p->state.store(Pipeline::Preparing, std::memory_order_relaxed);
-    p->tail = nullptr;
-    p->place = NumaPlace{};
-    p->run.place = nullptr;
   } else {
     p = new Pipeline();
     if (!pool_.add(&p->run)) {
@@ -297,12 +304,8 @@ int Engine::fit(Pipeline* p, CUcontext ctx, int slots, size_t chunk, ContextReso
 void Engine::lane(void* arg, int index) {
   Job& job = *static_cast<Job*>(arg);
   thread_local CUcontext current = nullptr;
-  thread_local uint64_t ended_seen = 0;  // a new context may have the handle of one that ended
-  const uint64_t ended = g_contexts_ended.load(std::memory_order_acquire);
-  if (ended != ended_seen) {
-    ended_seen = ended;
-    current = nullptr;
-  }
+  thread_local uint64_t ended_seen = 0;
+  if (contexts_ended_since(&ended_seen)) current = nullptr;  // a new context may have an old handle
   // A job whose DMAs are queued on a stream already makes no driver call: no context either.
   if (index > 0 && !job.words && current != job.res->ctx) {
     const bool first = current == nullptr;
@@ -352,8 +355,7 @@ void Engine::context_ended(CUcontext ctx) {
     pipelines_.erase(pipelines_.begin() + static_cast<long>(i));
     --i;
     if (idle) {
-      p->ring.abandon();
-      p->dma.forget_contexts();
+      p->retire();
       retired_.push_back(p);
     }  // (else it is left as it is: a lane may still touch its memory)
     dropped.push_back(p);

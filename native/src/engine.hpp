@@ -94,4 +94,22 @@ uint64_t engine_contexts_ended();
 // for it then is gone (cmt.io's bounce buffers, stream-ordered pipelines and flag words).
 bool engine_context_ended_since(CUcontext ctx, uint64_t seen);
 
+// What something made for a context remembers of it: stale once that context has ended (a new
+// context may then have its handle). One stamp for every per-context cache.
+struct ContextStamp {
+  CUcontext ctx = nullptr;
+  uint64_t born = 0;  // engine_contexts_ended() when it was made
+  explicit ContextStamp(CUcontext c) : ctx(c), born(engine_contexts_ended()) {}
+  bool ended() const { return engine_context_ended_since(ctx, born); }
+};
+
+// For a cache of one thread keyed by context handle: whether any context ended since *seen (which
+// it then moves on); the cache then starts again.
+inline bool contexts_ended_since(uint64_t* seen) {
+  const uint64_t now = engine_contexts_ended();
+  if (now == *seen) return false;
+  *seen = now;
+  return true;
+}
+
 }  // namespace cmt

@@ -28,23 +28,18 @@ constexpr size_t kDriverBounceBytes = size_t(4) << 20;
 // copy on, and what the transfer then waits for (the DMAs still in flight). Never destroyed; made
 // again for a new context with the handle of one that ended (engine.hpp).
 CUstream private_stream(const Driver& d, CUcontext ctx) {
-  struct Private {
-    CUcontext ctx;
-    CUstream stream;
-    uint64_t born;  // engine_contexts_ended() when it was made
-  };
   static std::mutex mutex;
-  static std::vector<Private> streams;
+  static std::vector<std::pair<ContextStamp, CUstream>> streams;
   std::lock_guard<std::mutex> lock(mutex);
   for (size_t i = 0; i < streams.size(); ++i) {
-    if (streams[i].ctx != ctx) continue;
-    if (!engine_context_ended_since(ctx, streams[i].born)) return streams[i].stream;
+    if (streams[i].first.ctx != ctx) continue;
+    if (!streams[i].first.ended()) return streams[i].second;
     streams.erase(streams.begin() + static_cast<long>(i--));
   }
+  const ContextStamp made_for(ctx);
   CUstream s = nullptr;
-  const uint64_t born = engine_contexts_ended();
   if (d.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return nullptr;
-  streams.push_back(Private{ctx, s, born});
+  streams.emplace_back(made_for, s);
   return s;
 }
 

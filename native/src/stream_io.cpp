@@ -68,15 +68,14 @@ class FlagWords {
   static constexpr size_t kPageBytes = 4096;
   struct Page {
     uint32_t* words;
-    CUcontext ctx;
-    uint64_t born;  // engine_contexts_ended() when it was made
+    ContextStamp made_for;
     bool holds(const uint32_t* w) const { return w >= words && w < words + kPageBytes / sizeof(uint32_t); }
   };
 
   void forget_if_ended() {
     for (size_t i = 0; i < pages_.size(); ++i) {
       const Page page = pages_[i];
-      if (!engine_context_ended_since(page.ctx, page.born)) continue;
+      if (!page.made_for.ended()) continue;
       free_.erase(std::remove_if(free_.begin(), free_.end(), [&](uint32_t* w) { return page.holds(w); }), free_.end());
       pages_.erase(pages_.begin() + static_cast<long>(i--));
     }
@@ -91,7 +90,7 @@ class FlagWords {
     }
     memset(page, 0, kPageBytes);
     for (size_t i = 0; i < kPageBytes / sizeof(uint32_t); ++i) free_.push_back(static_cast<uint32_t*>(page) + i);
-    pages_.push_back(Page{static_cast<uint32_t*>(page), ctx, engine_contexts_ended()});
+    pages_.push_back(Page{static_cast<uint32_t*>(page), ContextStamp(ctx)});
     pages_made_.store(true, std::memory_order_release);
     return true;
   }

@@ -68,8 +68,7 @@ void wait_word(const uint32_t* word, uint32_t target) {
 
 class StreamPipeline {
  public:
-  StreamPipeline(CUcontext ctx, bool small)
-      : ctx_(ctx), small_(small), pid_(getpid()), born_(engine_contexts_ended()) {}
+  StreamPipeline(CUcontext ctx, bool small) : made_for_(ctx), small_(small), pid_(getpid()) {}
 
   // Its words and lane run (in the caller's thread); false if either cannot be had.
   bool make() {
@@ -89,11 +88,11 @@ class StreamPipeline {
     return true;
   }
 
-  CUcontext ctx() const { return ctx_; }
+  CUcontext ctx() const { return made_for_.ctx; }
   bool small() const { return small_; }
   pid_t pid() const { return pid_; }
   // Its context ended, with its staging, streams and words: never used again (engine.hpp).
-  bool ended() const { return engine_context_ended_since(ctx_, born_); }
+  bool ended() const { return made_for_.ended(); }
   size_t queued() {
     std::lock_guard<std::mutex> lock(mutex_);
     return queue_.size();
@@ -121,10 +120,9 @@ class StreamPipeline {
   void run(PipelineTransfer* t);
   CUresult queue_dmas(PipelineTransfer* t, CUstream stream);
 
-  CUcontext ctx_;
+  ContextStamp made_for_;
   bool small_;
   pid_t pid_;
-  uint64_t born_;  // engine_contexts_ended() when it was made
   StagingRing ring_;
   void* page_ = nullptr;  // the words: host[kMaxSlots], gpu[kMaxSlots], a spare (always 0)
   uint32_t* host_words_ = nullptr;

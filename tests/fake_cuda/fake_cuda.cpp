@@ -1421,8 +1421,11 @@ namespace {
 std::vector<SP> take_streams(Context* c, bool ending) {
   std::vector<SP> streams;
   std::lock_guard<std::mutex> lk(c->mu);
-  if (ending) c->alive = false;
-  if (ending && c->legacy) streams.push_back(c->legacy);
+  if (ending) {
+    c->alive = false;
+    if (c->legacy) streams.push_back(c->legacy);
+    c->legacy = nullptr;  // (made again on first use, should the handle be given again)
+  }
   for (auto& s : c->user) streams.push_back(s);
   for (auto& kv : c->ptds) streams.push_back(kv.second);
   c->user.clear();
@@ -1480,10 +1483,6 @@ FAKE_EXPORT CUresult cuCtxDestroy_v2(CUcontext h) {
     if (g.reuse_contexts) g.destroyed.push_back(c);
   }
   for (auto& s : streams) close_stream(s);
-  if (g.reuse_contexts) {
-    std::lock_guard<std::mutex> lk(c->mu);
-    c->legacy = nullptr;  // made again on first use
-  }
   if (!t_ctx_stack.empty() && t_ctx_stack.back() == c) t_ctx_stack.pop_back();
   return CUDA_SUCCESS;
 }
