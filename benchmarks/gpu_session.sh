@@ -25,7 +25,8 @@
 #   turns    research/threads_turns.py under cmt run: 8 threads' 64 MiB copies at once against one
 #            thread's back to back, the spacing of their returns         (-> turns.txt)
 #   frameworks  cmt bench workloads of the libraries that stage their own copies (safetensors-cuda,
-#            cupy, seed-jax, hf-load)                                 (-> workloads.json)
+#            cupy, seed-jax, hf-load), then each once under cmt profile (-> workloads.json,
+#            frameworks-profile.txt)
 #   models   cmt bench workloads of the model-load family (every loader warm and cold, the C++ loader);
 #            QUICK=1 for the 0.5 GB model; CACHE=warm or cold for half (the whole family at 3.9 GB may
 #            not fit one call); ONLY=NAME,... for those workloads     (-> workloads.json)
@@ -78,7 +79,13 @@ for mode in "${modes[@]}"; do
     turns) CMT_STATS=1 timeout 200 python3 -m cmt run -- python3 research/threads_turns.py 2>&1 | tee "$OUT/turns.txt" | tail -30 ;;
     frameworks) COLUMNS=150 timeout 500 python3 -m cmt bench workloads --only safetensors-cuda,cupy,seed-jax,hf-load \
                   --rounds ${ROUNDS:-3} \
-                  --out "$OUT" 2>&1 | tail -40 ;;
+                  --out "$OUT" 2>&1 | tail -40
+                # each once more under cmt profile (--quick sizes): its copies, and what cmt did with each
+                wl=$(python3 -c 'import cmt.bench.workloads as w; print(w.HERE)'); mkdir -p /tmp/cmt-fw
+                for s in ${PROFILE_SCRIPTS:-seed_jax cupy_roundtrip safetensors_cuda hf_load}; do
+                  echo "=== $s"; python3 "$wl/$s.py" --quick --prepare --work-dir /tmp/cmt-fw > /dev/null 2>&1
+                  COLUMNS=150 timeout 120 python3 -m cmt profile -- python3 "$wl/$s.py" --quick --work-dir /tmp/cmt-fw 2>&1
+                done > "$OUT/frameworks-profile.txt"; grep -A3 -i "host copies\|by library" "$OUT/frameworks-profile.txt" | head -40 ;;
     models) only=${ONLY:-$(python3 -c 'import os; from cmt.bench import workloads as w; c = os.environ.get("CACHE", "")
 print(",".join(n for n in w.names() if n.startswith("model-load") and n.endswith(c)))')}
             COLUMNS=150 timeout 540 python3 -m cmt bench workloads --only "$only" ${QUICK:+--quick} --out "$OUT" 2>&1 |
