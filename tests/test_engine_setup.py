@@ -65,3 +65,50 @@ def test_the_staging_ring_is_made_once_for_the_largest_rule(fake_driver_dir):
     s.close()
     # and two spares (job.hpp)
     assert made == [{"cuMemHostRegister_v2": 6 + 2, "cuMemHostUnregister": 0, "cuMemHostAlloc": 0}] * 4
+
+
+def _first_staged_after(s, first: dict, size: int) -> dict:
+    """After a first copy that cmt did not stage: the first pageable round trip of `size`, once the
+    setup that copy started has had time to finish (the stand-in pins in well under a second)."""
+    r = s("roundtrip", **first)
+    assert r["device_ok"] and r["host_ok"]
+    time.sleep(1.0)
+    later = s("roundtrip", size=size, seed=7)
+    assert later["device_ok"] and later["host_ok"]
+    return later
+
+
+def test_a_pinned_or_small_first_copy_starts_the_setup(fake_driver_dir):
+    # CuPy, safetensors and JAX copy from pinned buffers of their own first, and a from_pretrained
+    # makes small copies first: their first pageable copies found the setup still running and went
+    # to the driver (H100, 2026-12-06). Now the first copy of any kind starts it.
+    for first in ({"size": 8 * MIB, "host_kind": "pinned", "dst_kind": "pinned"}, {"size": 4096}):
+        s = CopyServer(fake_driver_dir, CMT_TEST_HOOKS="guard=0", FAKE_CUDA_HOST_ALLOC_US="2000")
+        later = _first_staged_after(s, first, 8 * MIB)
+        s.close()
+        assert outcome(later, "h2d") == {"accelerated": 1} and outcome(later, "d2h") == {"accelerated": 1}, first
+
+
+def test_a_plan_that_stages_nothing_sets_nothing_up(fake_driver_dir):
+    plan = "h2d:0=pass;d2h:0=pass"
+    s = CopyServer(fake_driver_dir, CMT_PLAN=plan, CMT_TEST_HOOKS="guard=0")
+    names = ["cuMemHostRegister_v2", "cuMemHostAlloc"]
+    before = s("counts", names=names)["counts"]
+    _first_staged_after(s, {"size": 4096}, 8 * MIB)
+    after = s("counts", names=names)["counts"]
+    s.close()
+    assert after == before
+
+
+def test_back_to_back_long_copies_do_not_hold_the_setup_back(fake_driver_dir):
+    # The setup pauses while a copy passed to the driver runs, but not for the whole of a long one:
+    # with 1 GiB copies back to back, a pause per copy until each ended let CuPy's five get()s all
+    # go to the driver (H100, 2026-12-06). Here 8 copies of about 100 ms each run back to back and
+    # the ring has 8 buffers: with a pause until each copy ends, none would be staged.
+    plan = ";".join(f"{d}:1=threads:2,buffers:6,chunk_bytes:1048576" for d in ("h2d", "d2h"))
+    s = CopyServer(fake_driver_dir, CMT_PLAN=plan, CMT_TEST_HOOKS="guard=0", FAKE_CUDA_HOST_ALLOC_US="1000")
+    r = s("timed_copies", count=4, size=20 * MIB, pinned_gbps=0, pageable_gbps=0.2)
+    s.close()
+    assert r["ok_bytes"]
+    done = [outcome(r, d) for d in ("h2d", "d2h")]
+    assert done[0].get("warming") and sum(o.get("accelerated", 0) for o in done) >= 4, done

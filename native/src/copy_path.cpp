@@ -1,6 +1,7 @@
 #include "copy_path.hpp"
 
 #include <atomic>
+#include <cstdint>
 
 #include "driver.hpp"
 #include "engine.hpp"
@@ -14,6 +15,26 @@ namespace {
 
 std::atomic<bool> g_disabled{false};
 std::atomic<bool> g_forked{false};
+std::atomic<bool> g_prepared_early{false};
+
+// The process's first copy that is not staged (pinned, or below the plan's minimum) starts the
+// current context's staging setup in the background (engine_prepare), unless the plan stages
+// nothing: libraries that stage their own copies (CuPy, safetensors, JAX) and loaders that make
+// small copies first (Hugging Face) then find it ready for their first pageable copies. (H100,
+// 2026-12-06: CuPy's 1 GiB get() and every copy of a from_pretrained went to the driver while it
+// was made.) After the first, one load.
+void prepare_early(CUcontext ctx = nullptr) {
+  if (g_prepared_early.load(std::memory_order_relaxed)) return;
+  const Plan& plan = active_plan();
+  if (plan.stages_from(Direction::HtoD) == SIZE_MAX && plan.stages_from(Direction::DtoH) == SIZE_MAX) {
+    g_prepared_early.store(true, std::memory_order_relaxed);
+    return;
+  }
+  const Driver& d = driver();
+  if (!ctx && (!d.ok || d.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS)) return;
+  if (!ctx || g_prepared_early.exchange(true, std::memory_order_acq_rel)) return;
+  engine_prepare(ctx);
+}
 
 struct PointerInfo {
   unsigned int memory_type = 0;  // 0: not known to CUDA (pageable host memory)
@@ -68,7 +89,10 @@ Outcome decide_and_copy(const CopyCall& call, CUresult* result, HostKind* kind) 
     settings = *call.forced;
   } else {
     const Rule& rule = active_plan().lookup(call.dir, call.bytes);
-    if (rule.pass || call.bytes == 0) return Outcome::BelowMinimum;
+    if (rule.pass || call.bytes == 0) {
+      prepare_early();
+      return Outcome::BelowMinimum;
+    }
     settings = rule.settings;
     driver_gbps = rule.driver_gbps;
   }
@@ -81,7 +105,10 @@ Outcome decide_and_copy(const CopyCall& call, CUresult* result, HostKind* kind) 
   if (!query_pointer(d, reinterpret_cast<CUdeviceptr>(call.host), &host)) return Outcome::NoContext;
   *kind = kind_of(host);
   if (host.managed) return Outcome::ManagedMemory;
-  if (host.memory_type == CU_MEMORYTYPE_HOST) return Outcome::PinnedHost;
+  if (host.memory_type == CU_MEMORYTYPE_HOST) {
+    prepare_early(ctx);
+    return Outcome::PinnedHost;
+  }
   if (host.memory_type != 0) return Outcome::NotHostDevice;
   // A size the rate guard has backed off goes to the driver before the checks and the wait for the
   // stream below, which cost a passed 1 MiB copy 5-15 µs of its 95 (H100, 2026-12-06: 0.9x of

@@ -57,10 +57,15 @@ std::atomic<uint64_t> g_contexts_ended{0};  // contexts that ended (engine_conte
 std::mutex g_ended_mutex;
 std::vector<std::pair<CUcontext, uint64_t>> g_ended;  // each one, and g_contexts_ended once it had ended
 std::atomic<uint64_t> g_setup_paused_ns{0};  // for the debug log
-constexpr uint64_t kMaxSetupPauseNs = 500'000'000;  // a copy that takes longer gets one buffer pinned under it
+// A copy that takes longer gets a buffer pinned under it. Registering one 8 MiB buffer holds the
+// driver for about 0.25 ms (2 ms per 64 MiB, H200), so a copy loses little; a pause of up to 500 ms
+// let back-to-back large copies starve the setup (H100, 2026-12-06: CuPy's five 1 GiB `get()`s
+// were all passed to the driver, one buffer pinned after each).
+constexpr uint64_t kMaxSetupPauseNs = 5'000'000;
 
-// Before the setup pins a buffer: while the program's copies run, waits until one of them ends,
-// then pins even if another has started, so that back-to-back copies cannot hold it forever.
+// Before the setup pins a buffer: while the program's copies run, waits until one of them ends (or
+// kMaxSetupPauseNs), then pins even if another has started, so that back-to-back copies cannot hold
+// it for long.
 void let_copies_through() {
   if (g_copies_in_flight.load(std::memory_order_acquire) == 0) return;
   const uint64_t ended = g_copies_ended.load(std::memory_order_acquire);
@@ -130,6 +135,7 @@ class Engine {
     pool_.run(run, lanes, &Engine::lane, &job, Clock::duration{});
   }
   bool host_lanes(int lanes, LanePool::Work work, void* arg);
+  void prepare_for(CUcontext ctx);
   void forget() { pool_.forget(); }
   void context_ended(CUcontext ctx);
   std::string dma_gpu_times();
@@ -326,6 +332,14 @@ void Engine::lane(void* arg, int index) {
   job.run_lane(index);
 }
 
+void Engine::prepare_for(CUcontext ctx) {
+  std::lock_guard<std::mutex> lock(pipelines_mutex_);
+  for (Pipeline* q : pipelines_) {
+    if (q->ctx == ctx) return;
+  }
+  make(ctx, std::nullopt);
+}
+
 bool Engine::host_lanes(int lanes, LanePool::Work work, void* arg) {
   if (pool_.forgotten()) return false;
   std::unique_lock<std::mutex> lock(host_mutex_, std::try_to_lock);
@@ -498,6 +512,11 @@ CopyInFlight::~CopyInFlight() {
 CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns, Pass* pass) {
   std::call_once(g_engine_once, [] { g_engine = new Engine(); });  // never destroyed: workers live on
   return g_engine->copy(req, ran_ns, pass);
+}
+
+void engine_prepare(CUcontext ctx) {
+  std::call_once(g_engine_once, [] { g_engine = new Engine(); });
+  g_engine->prepare_for(ctx);
 }
 
 bool engine_add_run(LanePool::Run* run) {

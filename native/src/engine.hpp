@@ -49,6 +49,11 @@ enum class Pass { No, Warming, Busy };
 // without it, the copy waits.
 CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns = nullptr, Pass* pass = nullptr);
 
+// Starts ctx's pipeline setup in the background if it has none: a copy the engine does not stage
+// (pinned, or below the plan's minimum) is a sign the program copies, and its first pageable copies
+// then find the staging ready rather than go to the driver while it is made (copy_path.cpp).
+void engine_prepare(CUcontext ctx);
+
 // Held around each intercepted copy, its checks and its driver call included. A real driver's calls
 // wait while another thread pins memory (H100, 2026-12-06: the first 64 MiB device-to-host copy took
 // 50-80 ms against 9 plain, its checks waiting on the setup's pinning of 112 MiB), so the setup pins
