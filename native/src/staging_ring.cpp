@@ -4,6 +4,7 @@
 
 #include "log.hpp"
 #include "node_budget.hpp"
+#include "spin.hpp"
 
 namespace cmt {
 namespace {
@@ -14,9 +15,12 @@ namespace {
 // (64 MiB registered in 2 ms on the H200; cuMemHostAlloc pinned 112 MiB in 53-69 ms on the H100,
 // docs/engine-findings.md, "First use"). Registered pages copy at the same rate. Where either step
 // fails, cuMemHostAlloc. `before_driver` (if given) runs just before the driver's part.
-bool pin(const Driver& d, Slot* slot, size_t bytes, void (*before_driver)()) {
+// `map_ns`: the time spent mapping and faulting in, for the setup's debug line.
+bool pin(const Driver& d, Slot* slot, size_t bytes, void (*before_driver)(), uint64_t* map_ns) {
   if (d.cuMemHostRegister) {
+    const uint64_t t0 = monotonic_ns();
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    *map_ns += monotonic_ns() - t0;
     if (p != MAP_FAILED) {
       madvise(p, bytes, MADV_DONTFORK);  // a forked child gets none of it: no copy-on-write of pinned pages
       if (before_driver) before_driver();
@@ -77,7 +81,10 @@ bool StagingRing::ensure(int slots, size_t bytes, void (*before_each)()) {
                       "copies that need more staging go to the driver", node_pinned_budget_mib());
       return false;
     }
-    if (!pin(d_, &slots_[count_], slot_bytes_, before_each)) {
+    const uint64_t t0 = monotonic_ns(), mapped = map_ns_;
+    const bool ok = pin(d_, &slots_[count_], slot_bytes_, before_each, &map_ns_);
+    pin_ns_ += monotonic_ns() - t0 - (map_ns_ - mapped);
+    if (!ok) {
       give_pinned(slot_bytes_);
       return false;
     }

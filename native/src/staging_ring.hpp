@@ -6,6 +6,7 @@
 #pragma once
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 
 #include "driver.hpp"
 #include "types.hpp"
@@ -53,6 +54,10 @@ class StagingRing {
   }
   Slot& operator[](int i) { return slots_[i]; }
   size_t slot_bytes() const { return slot_bytes_; }
+  // Time spent making buffers so far (the setup's debug line): mapping and faulting pages in, and
+  // the driver's part (registering, or cuMemHostAlloc, with the pauses before each).
+  uint64_t map_ns() const { return map_ns_; }
+  uint64_t pin_ns() const { return pin_ns_; }
   // Which end of the slots the last device-to-host copy used (place_transfer turns it over).
   bool* flipped() { return &flipped_; }
 
@@ -62,6 +67,7 @@ class StagingRing {
   int count_ = 0;
   size_t slot_bytes_ = 0;
   bool flipped_ = false;
+  uint64_t map_ns_ = 0, pin_ns_ = 0;
 };
 
 }  // namespace cmt
