@@ -77,14 +77,14 @@ for mode in "${modes[@]}"; do
                   rc=$?; cat "$OUT/cold-read-modes.txt"; rm -f /tmp/cmt-io/cold-read-4g.bin /tmp/cmt-io/cold-read-4g.bin.making
                   [ $rc -eq 0 ]; } ;;
     turns) CMT_STATS=1 timeout 200 python3 -m cmt run -- python3 research/threads_turns.py 2>&1 | tee "$OUT/turns.txt" | tail -30 ;;
-    frameworks) COLUMNS=150 timeout 500 python3 -m cmt bench workloads --only safetensors-cuda,cupy,seed-jax,hf-load \
-                  --rounds ${ROUNDS:-3} \
+    frameworks) fw=safetensors-cuda,cupy,seed-jax,hf-load
+                COLUMNS=150 timeout 500 python3 -m cmt bench workloads --only $fw --rounds ${ROUNDS:-3} \
                   --out "$OUT" 2>&1 | tail -40
                 # each once more under cmt profile (--quick sizes): its copies, and what cmt did with each
-                wl=$(python3 -c 'import cmt.bench.workloads as w; print(w.HERE)'); mkdir -p /tmp/cmt-fw
-                for s in ${PROFILE_SCRIPTS:-seed_jax cupy_roundtrip safetensors_cuda hf_load}; do
-                  echo "=== $s"; python3 "$wl/$s.py" --quick --prepare --work-dir /tmp/cmt-fw > /dev/null 2>&1
-                  COLUMNS=150 timeout 120 python3 -m cmt profile -- python3 "$wl/$s.py" --quick --work-dir /tmp/cmt-fw 2>&1
+                mkdir -p /tmp/cmt-fw
+                for s in $(python3 -c "from cmt.bench import workloads as w; print(*(x.path for x in w.select('$fw')))"); do
+                  echo "=== $s"; python3 "$s" --quick --prepare --work-dir /tmp/cmt-fw > /dev/null 2>&1
+                  COLUMNS=150 timeout 120 python3 -m cmt profile -- python3 "$s" --quick --work-dir /tmp/cmt-fw 2>&1
                 done > "$OUT/frameworks-profile.txt"; grep -A3 -i "host copies\|by library" "$OUT/frameworks-profile.txt" | head -40 ;;
     models) only=${ONLY:-$(python3 -c 'import os; from cmt.bench import workloads as w; c = os.environ.get("CACHE", "")
 print(",".join(n for n in w.names() if n.startswith("model-load") and n.endswith(c)))')}

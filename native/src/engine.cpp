@@ -149,6 +149,8 @@ class Engine {
   Pipeline* claim(const CopyRequest& req, Pass* pass, CUevent* tail);
   // `tail`: recorded after the copy's DMAs, if they may still be in flight.
   void release(Pipeline* p, CUevent tail);
+  // ctx's pipeline, or nullptr (a context has at most one). Under pipelines_mutex_.
+  Pipeline* find(CUcontext ctx) const;
   // A new pipeline for ctx, its setup started in the background; false if the pool takes no more.
   // Under pipelines_mutex_.
   bool make(CUcontext ctx, const std::optional<Settings>& first);
@@ -215,10 +217,7 @@ Pipeline* Engine::claim(const CopyRequest& req, Pass* pass, CUevent* tail) {
     return true;
   };
   for (;;) {
-    Pipeline* p = nullptr;
-    for (Pipeline* q : pipelines_) {
-      if (q->ctx == req.ctx) p = q;
-    }
+    Pipeline* p = find(req.ctx);
     if (!p) {
       std::optional<Settings> first;
       if (req.setup_for_these) first = req.settings;
@@ -334,12 +333,16 @@ void Engine::lane(void* arg, int index) {
   job.run_lane(index);
 }
 
+Pipeline* Engine::find(CUcontext ctx) const {
+  for (Pipeline* q : pipelines_) {
+    if (q->ctx == ctx) return q;
+  }
+  return nullptr;
+}
+
 void Engine::prepare_for(CUcontext ctx) {
   std::lock_guard<std::mutex> lock(pipelines_mutex_);
-  for (Pipeline* q : pipelines_) {
-    if (q->ctx == ctx) return;
-  }
-  make(ctx, std::nullopt);
+  if (!find(ctx)) make(ctx, std::nullopt);
 }
 
 bool Engine::host_lanes(int lanes, LanePool::Work work, void* arg) {

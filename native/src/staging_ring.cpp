@@ -15,16 +15,23 @@ namespace {
 // (64 MiB registered in 2 ms on the H200; cuMemHostAlloc pinned 112 MiB in 53-69 ms on the H100,
 // docs/engine-findings.md, "First use"). Registered pages copy at the same rate. Where either step
 // fails, cuMemHostAlloc. `before_driver` (if given) runs just before the driver's part.
-// `map_ns`: the time spent mapping and faulting in, for the setup's debug line.
-bool pin(const Driver& d, Slot* slot, size_t bytes, void (*before_driver)(), uint64_t* map_ns) {
+// `map_ns` and `driver_ns` gather the time of each part, for the setup's debug line.
+bool pin(const Driver& d, Slot* slot, size_t bytes, void (*before_driver)(), uint64_t* map_ns, uint64_t* driver_ns) {
+  uint64_t t = monotonic_ns();
+  auto lap = [&t](uint64_t* into) {
+    const uint64_t now = monotonic_ns();
+    *into += now - t;
+    t = now;
+  };
   if (d.cuMemHostRegister) {
-    const uint64_t t0 = monotonic_ns();
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-    *map_ns += monotonic_ns() - t0;
+    lap(map_ns);
     if (p != MAP_FAILED) {
       madvise(p, bytes, MADV_DONTFORK);  // a forked child gets none of it: no copy-on-write of pinned pages
       if (before_driver) before_driver();
-      if (d.cuMemHostRegister(p, bytes, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS) {
+      const bool registered = d.cuMemHostRegister(p, bytes, CU_MEMHOSTREGISTER_PORTABLE) == CUDA_SUCCESS;
+      lap(driver_ns);
+      if (registered) {
         slot->mem = p;
         slot->registered = true;
         return true;
@@ -35,7 +42,9 @@ bool pin(const Driver& d, Slot* slot, size_t bytes, void (*before_driver)(), uin
   }
   slot->registered = false;
   if (before_driver) before_driver();
-  return d.cuMemHostAlloc(&slot->mem, bytes, CU_MEMHOSTALLOC_PORTABLE) == CUDA_SUCCESS;
+  const bool allocated = d.cuMemHostAlloc(&slot->mem, bytes, CU_MEMHOSTALLOC_PORTABLE) == CUDA_SUCCESS;
+  lap(driver_ns);
+  return allocated;
 }
 
 void unpin(const Driver& d, Slot* slot, size_t bytes) {
@@ -81,10 +90,7 @@ bool StagingRing::ensure(int slots, size_t bytes, void (*before_each)()) {
                       "copies that need more staging go to the driver", node_pinned_budget_mib());
       return false;
     }
-    const uint64_t t0 = monotonic_ns(), mapped = map_ns_;
-    const bool ok = pin(d_, &slots_[count_], slot_bytes_, before_each, &map_ns_);
-    pin_ns_ += monotonic_ns() - t0 - (map_ns_ - mapped);
-    if (!ok) {
+    if (!pin(d_, &slots_[count_], slot_bytes_, before_each, &map_ns_, &pin_ns_)) {
       give_pinned(slot_bytes_);
       return false;
     }
