@@ -112,3 +112,44 @@ def test_back_to_back_long_copies_do_not_hold_the_setup_back(fake_driver_dir):
     assert r["ok_bytes"]
     done = [outcome(r, d) for d in ("h2d", "d2h")]
     assert done[0].get("warming") and sum(o.get("accelerated", 0) for o in done) >= 4, done
+
+
+def _setup_plan(driver_gbps: float) -> str:
+    return ";".join(f"{d}:1=threads:2,buffers:6,chunk_bytes:1048576|driver:{driver_gbps}" for d in ("h2d", "d2h"))
+
+
+def test_a_large_copy_waits_for_a_setup_that_ends_soon_and_is_staged(fake_driver_dir):
+    # CuPy's 256 MiB get()s and a from_pretrained's copies of 4-128 MiB came while the setup ran and
+    # went to the driver (H100, 2026-12-06), at a tenth of the staged rate. A copy the driver would
+    # take 670 ms for (32 MiB at the plan's 0.05 GB/s) waits for a setup of 8 x 2 ms and is staged.
+    s = CopyServer(fake_driver_dir, CMT_PLAN=_setup_plan(0.05), CMT_TEST_HOOKS="guard=0",
+                   FAKE_CUDA_HOST_ALLOC_US="2000")
+    r = s("one_way", direction="h2d", size=32 * MIB)
+    s.close()
+    assert r["bytes_ok"] and outcome(r, "h2d") == {"accelerated": 1}
+
+
+def test_copies_wait_for_a_slow_setup_a_bounded_while(fake_driver_dir):
+    # A setup of 8 x 500 ms: the first large copy waits at most 40 ms (the pipeline's budget; its
+    # share, half the driver's 670 ms, is larger) and goes to the driver; later ones find the budget
+    # spent and go at once. Each also waits, in the stand-in as in a real driver, for the buffers
+    # being pinned while it runs (one or two): all three end well before the 4 s setup.
+    s = CopyServer(fake_driver_dir, CMT_PLAN=_setup_plan(0.05), CMT_TEST_HOOKS="guard=0",
+                   FAKE_CUDA_HOST_ALLOC_US="500000", FAKE_CUDA_PAGEABLE_GBPS="40", CMT_LOG="debug")
+    done = [s("one_way", direction="h2d", size=32 * MIB, seed=k) for k in range(3)]
+    log = s.close()
+    for r in done:
+        assert r["bytes_ok"] and outcome(r, "h2d") == {"warming": 1}
+    assert "waits for it up to 40.0 ms" in log
+    assert sum(r["seconds"] for r in done) < 3.3, [r["seconds"] for r in done]
+
+
+def test_a_copy_does_not_wait_for_a_setup_that_cannot_end_in_its_share(fake_driver_dir):
+    # The plan's driver figure is high (32 MiB in 0.3 ms at 100 GB/s): its share of a wait is far
+    # less than what the setup of 8 MiB may take, so it goes to the driver at once.
+    s = CopyServer(fake_driver_dir, CMT_PLAN=_setup_plan(100), CMT_TEST_HOOKS="guard=0",
+                   FAKE_CUDA_HOST_ALLOC_US="2000", CMT_LOG="debug")
+    r = s("one_way", direction="h2d", size=32 * MIB)
+    log = s.close()
+    assert r["bytes_ok"] and outcome(r, "h2d") == {"warming": 1}
+    assert "waits for it" not in log

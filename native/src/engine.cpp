@@ -90,6 +90,22 @@ void let_copies_through() {
 // well under a millisecond, rather than wait behind a large copy.
 constexpr size_t kPassWhenBusy = 4u << 20;
 
+// A copy that finds its pipeline's setup running waits for it, rather than go to the driver, when it
+// is large: for up to half the time the driver would take for it (at the plan's figure, or
+// kAssumedDriverGBps; real pageable copies run at a third of that on the hosts measured), and all
+// the copies that wait for one setup together for at most kSetupWaitBudgetNs, which bounds what a
+// setup slower than hoped can cost a program. A waiting copy does not hold the setup back as a
+// passed one does (its pauses, and the driver's calls waiting for a passed copy's): on the H100 of
+// 2026-12-06 a from_pretrained's 30 copies of 4-128 MiB, 430 ms, and CuPy's two 256 MiB get()s all
+// went to the driver while the setup ran.
+// It does not wait where the setup will not be done by then at kSetupGBps (80 MiB of staging took
+// 41 ms to set up, 1.9 GB/s, on the H100 host of 2026-12-06 when one thread faulted it in; several
+// threads do that now, staging_ring.cpp).
+constexpr size_t kWaitForSetupMinBytes = 4u << 20;
+constexpr uint64_t kSetupWaitBudgetNs = 40'000'000;
+constexpr double kAssumedDriverGBps = 12;
+constexpr double kSetupGBps = 4;
+
 // A copy's settings as the engine uses them: within the engine's limits.
 size_t chunk_of(const Settings& st) { return std::clamp(static_cast<size_t>(st.chunk_bytes), kMinChunk, kMaxChunk); }
 int threads_of(const Settings& st) { return static_cast<int>(std::clamp<int64_t>(st.threads, 1, kMaxThreads)); }
@@ -108,11 +124,16 @@ struct Pipeline {
   // Recorded after the DMAs of its last host-to-device copy, which returned with DMAs still in
   // flight (under Engine::pipelines_mutex_; nullptr until the first).
   CUevent tail = nullptr;
+  // What copies may still wait for its setup, in all (kSetupWaitBudgetNs; under pipelines_mutex_).
+  uint64_t setup_wait_left_ns = kSetupWaitBudgetNs;
+  uint64_t setup_start_ns = 0, setup_expected_ns = 0;  // when its setup began, how long it may take
   StagingRing ring;
   DmaStreams dma;
   LanePool::Run run;
   NumaPlace place;  // the GPU's NUMA node, where its staging and workers sit (numa_place.hpp)
   Job job;
+
+  Settings setup_settings() const { return first ? *first : active_plan().largest(); }
 
   // Its context ended, and the streams, events and staging it had there with it: emptied, it waits
   // to serve the next context's setup (its lane-pool run stays registered). No copy may be on it.
@@ -120,6 +141,7 @@ struct Pipeline {
     ring.abandon();
     dma.forget_contexts();
     tail = nullptr;
+    setup_wait_left_ns = kSetupWaitBudgetNs;
     place = NumaPlace{};
     run.place = nullptr;
     state.store(Preparing, std::memory_order_relaxed);
@@ -154,6 +176,9 @@ class Engine {
   // A new pipeline for ctx, its setup started in the background; false if the pool takes no more.
   // Under pipelines_mutex_.
   bool make(CUcontext ctx, const std::optional<Settings>& first);
+  // A copy that found p's setup running: whether it waits for it (until *deadline, set on its first
+  // call from what it may wait, taken from p's budget). Under pipelines_mutex_.
+  static bool may_wait_for_setup(Pipeline* p, const CopyRequest& req, uint64_t* deadline);
   // Under the copy's claim: the DMA events (*res) and staging for `slots` slots of `chunk` bytes.
   // Returns the slots the copy can have: fewer when short of pinned memory; 0 if none.
   // `before_each`: runs before each buffer it pins (the setup's pause for copies passed meanwhile).
@@ -195,6 +220,10 @@ bool Engine::make(CUcontext ctx, const std::optional<Settings>& first) {
   }
   p->ctx = ctx;
   p->first = first;
+  const Settings most = p->setup_settings();
+  p->setup_start_ns = monotonic_ns();
+  p->setup_expected_ns = static_cast<uint64_t>(static_cast<double>(buffers_of(most) + kSpareSlots) *
+                                               static_cast<double>(chunk_of(most)) / kSetupGBps);
   pipelines_.push_back(p);
   g_preparing.fetch_add(1, std::memory_order_acq_rel);
   // The copy that makes it was not counted (nothing was being set up): its setup waits for it too.
@@ -216,6 +245,13 @@ Pipeline* Engine::claim(const CopyRequest& req, Pass* pass, CUevent* tail) {
     }
     return true;
   };
+  Pipeline* waited_for = nullptr;  // the pipeline whose setup this copy may wait for, until `deadline`
+  uint64_t deadline = 0;
+  auto give_back_wait = [&] {  // what it did not wait of its share goes back to the pipeline's budget
+    const uint64_t now = monotonic_ns();
+    if (waited_for && now < deadline) waited_for->setup_wait_left_ns += deadline - now;
+    waited_for = nullptr;
+  };
   for (;;) {
     Pipeline* p = find(req.ctx);
     if (!p) {
@@ -228,8 +264,11 @@ Pipeline* Engine::claim(const CopyRequest& req, Pass* pass, CUevent* tail) {
     if (state == Pipeline::Failed) break;  // the driver copies
     Pass why = Pass::No;
     if (state == Pipeline::Preparing) {
-      if (!env().test_wait_setup) why = Pass::Warming;  // (CMT_TEST_HOOKS wait_setup=1: the tests' copies wait)
+      // (CMT_TEST_HOOKS wait_setup=1: the tests' copies wait)
+      if (pass && !env().test_wait_setup && !may_wait_for_setup(p, req, &deadline)) why = Pass::Warming;
+      if (deadline && !waited_for) waited_for = p;
     } else if (!p->in_use && first_in_line()) {
+      give_back_wait();
       leave_line();
       p->in_use = true;
       return p;
@@ -244,12 +283,34 @@ Pipeline* Engine::claim(const CopyRequest& req, Pass* pass, CUevent* tail) {
     if (ticket == 0) waiting_.emplace_back(req.ctx, ticket = ++tickets_);
     // While it waits (for the setup, or its turn), the copy does not hold the setup's pinning back.
     if (t_in_flight) g_copies_in_flight.fetch_sub(1, std::memory_order_acq_rel);
-    changed_.wait(lock);
+    const uint64_t now = monotonic_ns();
+    if (state == Pipeline::Preparing && deadline > now) {
+      changed_.wait_for(lock, std::chrono::nanoseconds(deadline - now));
+    } else {
+      changed_.wait(lock);
+    }
     if (t_in_flight) g_copies_in_flight.fetch_add(1, std::memory_order_acq_rel);
   }
+  give_back_wait();
   leave_line();
   changed_.notify_all();  // the next in line may go now
   return nullptr;
+}
+
+bool Engine::may_wait_for_setup(Pipeline* p, const CopyRequest& req, uint64_t* deadline) {
+  const uint64_t now = monotonic_ns();
+  if (*deadline) return now < *deadline;
+  if (req.bytes < kWaitForSetupMinBytes || p->setup_wait_left_ns == 0) return false;
+  const double gbps = req.driver_gbps > 0 ? req.driver_gbps : kAssumedDriverGBps;  // GB/s = bytes per ns
+  const uint64_t share = std::min(static_cast<uint64_t>(static_cast<double>(req.bytes) / gbps / 2), p->setup_wait_left_ns);
+  const uint64_t elapsed = now - p->setup_start_ns;
+  if (p->setup_expected_ns > elapsed && p->setup_expected_ns - elapsed > share) return false;  // not done by then
+  p->setup_wait_left_ns -= share;
+  *deadline = now + share;
+  log::debug_once(0x5e7a, "a large copy came while the staging was being set up: it waits for it up to %.1f ms "
+                  "(copies may wait %.0f ms in all)", static_cast<double>(share) / 1e6,
+                  static_cast<double>(kSetupWaitBudgetNs) / 1e6);
+  return true;
 }
 
 void Engine::release(Pipeline* p, CUevent tail) {
@@ -273,7 +334,7 @@ void Engine::prepare(Pipeline* p) {
     if (d.cuCtxGetDevice(&dev) == CUDA_SUCCESS) p->place = numa_place_for(dev);
     numa_move_setup_thread(p->place);  // before the ring: its pinned pages come from the GPU's node
     if (p->place.placed()) p->run.place = &p->place;
-    const Settings most = p->first ? *p->first : active_plan().largest();
+    const Settings most = p->setup_settings();
     // Short of pinned memory (the node's budget), the ring keeps what it got: copies use fewer slots.
     ContextResources* res = nullptr;
     const uint64_t t0 = monotonic_ns();

@@ -30,6 +30,9 @@ struct CopyRequest {
   // If this copy makes its context's pipeline: its setup pins staging for these settings, not for
   // the plan's largest rule (cmt.io's transfers, which do not follow the copy plan).
   bool setup_for_these = false;
+  // The plan's figure for the driver's own copy of this size, GB/s (0: none): how long a copy that
+  // finds the setup running may wait for it (Engine::claim).
+  double driver_gbps = 0;
 };
 
 // Why a copy that was free to go to the driver rather than wait for the engine went there.
@@ -44,7 +47,8 @@ enum class Pass { No, Warming, Busy };
 // A context's first copy starts its pipeline's setup in the background (staging ring, DMA stream,
 // workers); copies to one context take turns on it, first come first served. With `pass` given, a
 // copy returns CUDA_ERROR_NOT_READY rather than wait (the caller passes it to the driver, which is
-// no slower than without cmt) when the setup is still running (*pass = Warming), and when it is
+// no slower than without cmt) when the setup is still running (*pass = Warming; a large copy first
+// waits for it a while, Engine::claim), and when it is
 // small and the pipeline is busy (*pass = Busy: a small copy never waits behind a large one);
 // without it, the copy waits.
 CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns = nullptr, Pass* pass = nullptr);
