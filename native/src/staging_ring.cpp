@@ -112,29 +112,47 @@ bool StagingRing::ensure(int slots, size_t bytes, void (*before_each)()) {
     count_ = 0;
     slot_bytes_ = bytes;
   }
-  // The node's budget first, then every new buffer mapped at once, then each registered in turn.
+  void* mapped[kMaxSlots] = {};
+  const int n = map_ahead(slots - count_, mapped);
+  for (int i = 0; i < n; ++i) {
+    if (!adopt(mapped[i], slot_bytes_, before_each)) {
+      for (int j = i + 1; j < n; ++j) drop(mapped[j], slot_bytes_);
+      return false;
+    }
+  }
+  return count_ >= slots;
+}
+
+int StagingRing::map_ahead(int slots, void** mapped) {
+  slots = std::min(slots, kMaxSlots - count_);
   int granted = 0;
-  while (count_ + granted < slots && take_pinned(slot_bytes_)) ++granted;
-  const bool all = count_ + granted >= slots;
-  if (!all) {
+  while (granted < slots && take_pinned(slot_bytes_)) ++granted;
+  if (granted < slots) {
     log::debug_once(0x91aed, "the node's budget of pinned staging (%ld MiB, CMT_NODE_PINNED_MB) is spent: "
                     "copies that need more staging go to the driver", node_pinned_budget_mib());
   }
-  void* mapped[kMaxSlots] = {};
   const uint64_t t = monotonic_ns();
   if (d_.cuMemHostRegister) map_all(mapped, granted, slot_bytes_);
   map_ns_ += monotonic_ns() - t;
-  for (int i = 0; i < granted; ++i) {
-    if (!pin(d_, &slots_[count_], slot_bytes_, mapped[i], before_each, &pin_ns_)) {
-      for (int j = i; j < granted; ++j) {  // this one (cuMemHostAlloc failed too) and the rest
-        if (j > i && mapped[j]) munmap(mapped[j], slot_bytes_);
-        give_pinned(slot_bytes_);
-      }
-      return false;
-    }
-    ++count_;
+  return granted;
+}
+
+bool StagingRing::adopt(void* mapped, size_t bytes, void (*before_each)()) {
+  if (count_ >= kMaxSlots || bytes != slot_bytes_) {  // (a copy replaced the buffers meanwhile)
+    drop(mapped, bytes);
+    return false;
   }
-  return all;
+  if (!pin(d_, &slots_[count_], slot_bytes_, mapped, before_each, &pin_ns_)) {
+    give_pinned(slot_bytes_);  // (pin unmapped it)
+    return false;
+  }
+  ++count_;
+  return true;
+}
+
+void StagingRing::drop(void* mapped, size_t bytes) {
+  if (mapped) munmap(mapped, bytes);
+  give_pinned(bytes);
 }
 
 }  // namespace cmt
