@@ -106,12 +106,6 @@ constexpr uint64_t kSetupWaitBudgetNs = 40'000'000;
 constexpr double kAssumedDriverGBps = 12;
 constexpr double kSetupGBps = 2.5;
 
-// The setup pins this many buffers (and the spares) before its pipeline takes copies, and the rest
-// of the largest rule's ring after, in turns with the copies: 144 MiB of staging took 100-136 ms to
-// set up in programs whose copies ran meanwhile (H200, 2026-12-06), and the largest host-to-device
-// rule of the built-in plan uses 4 buffers.
-constexpr int kFirstBuffers = 4;
-
 // A copy's settings as the engine uses them: within the engine's limits.
 size_t chunk_of(const Settings& st) { return std::clamp(static_cast<size_t>(st.chunk_bytes), kMinChunk, kMaxChunk); }
 int threads_of(const Settings& st) { return static_cast<int>(std::clamp<int64_t>(st.threads, 1, kMaxThreads)); }
@@ -133,9 +127,6 @@ struct Pipeline {
   // What copies may still wait for its setup, in all (kSetupWaitBudgetNs; under pipelines_mutex_).
   uint64_t setup_wait_left_ns = kSetupWaitBudgetNs;
   uint64_t setup_start_ns = 0, setup_expected_ns = 0;  // when its setup began, how long it may take
-  // The setup adds the rest of its ring (Engine::grow): copies use the buffers there are. `ending`:
-  // its context ended, the growth stops.
-  std::atomic<bool> growing{false}, ending{false};
   StagingRing ring;
   DmaStreams dma;
   LanePool::Run run;
@@ -151,7 +142,6 @@ struct Pipeline {
     dma.forget_contexts();
     tail = nullptr;
     setup_wait_left_ns = kSetupWaitBudgetNs;
-    ending.store(false, std::memory_order_relaxed);
     place = NumaPlace{};
     run.place = nullptr;
     state.store(Preparing, std::memory_order_relaxed);
@@ -195,11 +185,8 @@ class Engine {
   static int fit(Pipeline* p, CUcontext ctx, int slots, size_t chunk, ContextResources** res,
                  void (*before_each)() = nullptr);
   // The setup thread: the ring, stream, events and workers for the largest rule in force (or the
-  // first copy's settings); the first kFirstBuffers buffers before copies may use it, then grow().
+  // first copy's settings).
   void prepare(Pipeline* p);
-  // The rest of the ring, up to `slots`: mapped at once, then each registered while the setup holds
-  // the pipeline as a copy does, between copies.
-  void grow(Pipeline* p, int slots);
 
   std::mutex host_mutex_;  // held by the host copy on host_run_; others take the plain path meanwhile
   LanePool::Run host_run_;
@@ -235,7 +222,7 @@ bool Engine::make(CUcontext ctx, const std::optional<Settings>& first) {
   p->first = first;
   const Settings most = p->setup_settings();
   p->setup_start_ns = monotonic_ns();
-  p->setup_expected_ns = static_cast<uint64_t>(static_cast<double>(std::min(buffers_of(most), kFirstBuffers) + kSpareSlots) *
+  p->setup_expected_ns = static_cast<uint64_t>(static_cast<double>(buffers_of(most) + kSpareSlots) *
                                                static_cast<double>(chunk_of(most)) / kSetupGBps);
   pipelines_.push_back(p);
   g_preparing.fetch_add(1, std::memory_order_acq_rel);
@@ -339,7 +326,6 @@ void Engine::prepare(Pipeline* p) {
   mark_cmt_thread();
   const Driver& d = driver();
   bool ok = d.cuCtxSetCurrent(p->ctx) == CUDA_SUCCESS;
-  int all = 0;  // the buffers of the largest rule (the ring also has kSpareSlots)
   if (ok) {
     // Like the workers: never an unsafe call in another thread's global-mode graph capture.
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
@@ -349,13 +335,10 @@ void Engine::prepare(Pipeline* p) {
     numa_move_setup_thread(p->place);  // before the ring: its pinned pages come from the GPU's node
     if (p->place.placed()) p->run.place = &p->place;
     const Settings most = p->setup_settings();
-    all = buffers_of(most);
-    // (CMT_TEST_HOOKS wait_setup=1: the whole ring first, so that the tests' copies find it whole)
-    const int first = env().test_wait_setup ? all : std::min(all, kFirstBuffers);
     // Short of pinned memory (the node's budget), the ring keeps what it got: copies use fewer slots.
     ContextResources* res = nullptr;
     const uint64_t t0 = monotonic_ns();
-    ok = fit(p, p->ctx, first, chunk_of(most), &res, let_copies_through) > 0;  // no copy runs before it is Ready
+    ok = fit(p, p->ctx, buffers_of(most), chunk_of(most), &res, let_copies_through) > 0;  // no copy runs before it is Ready
     const uint64_t t1 = monotonic_ns();
     pool_.prestart(threads_of(most) - 1);
     log::write(log::Level::Debug, "staging pipeline set up: %d buffers of %zu bytes in %.1f ms (pages faulted in "
@@ -365,49 +348,13 @@ void Engine::prepare(Pipeline* p) {
                static_cast<double>(g_setup_paused_ns.load()) / 1e6, threads_of(most) - 1,
                static_cast<double>(monotonic_ns() - t1) / 1e6);
   }
-  const bool more = ok && p->ring.count() < all + kSpareSlots;
   {
     std::lock_guard<std::mutex> lock(pipelines_mutex_);
-    p->growing.store(more, std::memory_order_relaxed);
     p->state.store(ok ? Pipeline::Ready : Pipeline::Failed, std::memory_order_release);
   }
+  g_preparing.fetch_sub(1, std::memory_order_acq_rel);
   changed_.notify_all();
   if (!ok) log::write(log::Level::Debug, "the staging pipeline could not be set up; copies go to the driver");
-  if (more) grow(p, all + kSpareSlots);  // (copies passed meanwhile still count: it pauses for them too)
-  g_preparing.fetch_sub(1, std::memory_order_acq_rel);
-}
-
-void Engine::grow(Pipeline* p, int slots) {
-  const uint64_t t0 = monotonic_ns();
-  void* mapped[kMaxSlots] = {};
-  const size_t bytes = p->ring.slot_bytes();
-  const int n = p->ring.map_ahead(slots - p->ring.count(), mapped);
-  int i = 0;
-  for (; i < n; ++i) {
-    std::unique_lock<std::mutex> lock(pipelines_mutex_);
-    // Copies in line go first: the ring grows in the gaps between them.
-    changed_.wait(lock, [this, p] {
-      return p->ending.load(std::memory_order_relaxed) ||
-             (!p->in_use && std::none_of(waiting_.begin(), waiting_.end(), [p](const auto& w) { return w.first == p->ctx; }));
-    });
-    if (p->ending.load(std::memory_order_relaxed)) break;
-    p->in_use = true;  // as a copy holds it: none uses the ring meanwhile
-    lock.unlock();
-    const bool added = p->dma.for_context(p->ctx, p->ring.count() + 1) && p->ring.adopt(mapped[i], bytes, let_copies_through);
-    release(p, nullptr);
-    if (!added) {
-      ++i;  // (adopt gave it back)
-      break;
-    }
-  }
-  for (; i < n; ++i) p->ring.drop(mapped[i], bytes);
-  {
-    std::lock_guard<std::mutex> lock(pipelines_mutex_);
-    p->growing.store(false, std::memory_order_relaxed);
-  }
-  changed_.notify_all();
-  log::write(log::Level::Debug, "staging pipeline grown to %d buffers in %.1f ms more", p->ring.count(),
-             static_cast<double>(monotonic_ns() - t0) / 1e6);
 }
 
 int Engine::fit(Pipeline* p, CUcontext ctx, int slots, size_t chunk, ContextResources** res,
@@ -482,11 +429,8 @@ void Engine::context_ended(CUcontext ctx) {
     if (p->ctx != ctx) continue;
     // A copy still on it (the program ended the context while copying in it: the copy fails as
     // the driver's would) or its setup: they end soon, with errors; until then it stays.
-    p->ending.store(true, std::memory_order_relaxed);  // a growing ring stops growing
-    changed_.notify_all();
     const bool idle = changed_.wait_for(lock, std::chrono::seconds(2), [&] {
-      return !p->in_use && p->state.load(std::memory_order_acquire) != Pipeline::Preparing &&
-             !p->growing.load(std::memory_order_relaxed);
+      return !p->in_use && p->state.load(std::memory_order_acquire) != Pipeline::Preparing;
     });
     pipelines_.erase(pipelines_.begin() + static_cast<long>(i));
     --i;
@@ -564,9 +508,7 @@ CUresult Engine::copy(const CopyRequest& req, uint64_t* ran_ns, Pass* pass) {
   // pipeline; only copies beyond that (the tuner's trials, a plan replaced since, a program's copies
   // after a cmt.io transfer) make it grow here.
   ContextResources* res = nullptr;
-  int want = static_cast<int>(std::min<size_t>(buffers_of(st), j.plan.blocks));
-  if (p->growing.load(std::memory_order_relaxed)) want = std::min(want, p->ring.count() - kSpareSlots);  // the setup adds the rest
-  const int slots = fit(p, req.ctx, want, chunk, &res);
+  const int slots = fit(p, req.ctx, static_cast<int>(std::min<size_t>(buffers_of(st), j.plan.blocks)), chunk, &res);
   if (slots < 1) return CUDA_ERROR_NOT_READY;
   const int buffers = slots + kSpareSlots;
   if (timeline::enabled()) {

@@ -37,15 +37,6 @@ class StagingRing {
   // last DMA); false if pinned memory could not be had (the node's budget, node_budget.hpp, or the
   // driver), with the buffers it got kept. `before_each` (if given) runs before the driver pins each buffer.
   bool ensure(int slots, size_t bytes, void (*before_each)() = nullptr);
-  // The setup's two steps, which ensure() takes in one go: map_ahead maps (and faults in) up to
-  // `slots` more buffers of slot_bytes() at once, outside the driver and the ring, taking the node's
-  // budget for each, and returns how many (`mapped` gets each, nullptr where it could not: adopt then
-  // has the driver allocate it); adopt registers one of `bytes` (what slot_bytes() was when mapped)
-  // and adds it to the ring (false if it could not, the buffer given back); drop gives back one it
-  // will not adopt.
-  int map_ahead(int slots, void** mapped);
-  bool adopt(void* mapped, size_t bytes, void (*before_each)() = nullptr);
-  void drop(void* mapped, size_t bytes);
   int count() const { return count_; }
   // The context that pinned the buffers is gone, and its registrations and cuMemHostAlloc memory
   // with it: unmaps the buffers cmt mapped itself, touches nothing of the driver's, and gives their
