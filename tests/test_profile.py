@@ -252,8 +252,10 @@ def test_trace_validates_and_has_thread_and_stream_tracks(mix_run):
     jsonschema = pytest.importorskip("jsonschema")  # a test extra; absent on the GPU machine
     jsonschema.validate(trace, TRACE_SCHEMA)
     events = trace["traceEvents"]
-    copies = [e for e in events if e["ph"] == "X"]
+    copies = [e for e in events if e["ph"] == "X" and e["cat"] != "pin"]
     assert len(copies) == 2 * model["totals"]["copies"]  # once on its thread, once on its stream
+    pins = [e for e in events if e["ph"] == "X" and e["cat"] == "pin"]  # the program's pinned buffer
+    assert len(pins) == model["pin_calls"]["calls"] >= 1
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
     assert all((e["pid"], e["tid"]) in names for e in copies)
     labels = set(names.values())

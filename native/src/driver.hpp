@@ -10,10 +10,12 @@ enum class EntryId : int {
 #define ENTRY_COPY(name, shape, stream) name,
 #define ENTRY_RESOLVER(name, abi) name,
 #define ENTRY_CONTEXT_END(name, shape) name,
+#define ENTRY_PIN(name, shape) name,
 #include "entry_points.def"
 #undef ENTRY_COPY
 #undef ENTRY_RESOLVER
 #undef ENTRY_CONTEXT_END
+#undef ENTRY_PIN
   Count
 };
 constexpr int kEntryCount = static_cast<int>(EntryId::Count);

@@ -1,5 +1,5 @@
 // The three doors into the driver, all generated from entry_points.def (copies, the calls that end
-// a context, the resolvers):
+// a context, the calls that pin host memory, the resolvers):
 //  1. exported wrappers named like the driver's functions (programs linked with -lcuda);
 //  2. dlsym: a lookup of an intercepted name that finds libcuda's function gets the wrapper
 //     (static and dynamic cudart, XLA, ctypes users);
@@ -21,6 +21,7 @@
 #include "large_read.hpp"
 #include "env.hpp"
 #include "log.hpp"
+#include "pin_record.hpp"
 #include "rate_guard.hpp"
 #include "recorder.hpp"
 #include "stats.hpp"
@@ -163,13 +164,36 @@ CUresult primary_call(EntryId id, CUdevice dev, bool ends_it) {
 #define WRAP_PRIMARY_RELEASE(name) \
   extern "C" API_EXPORT CUresult name(CUdevice dev) { return primary_call(EntryId::name, dev, false); }
 
+// ---- calls that pin host memory or let it go ---------------------------------------------------
+// The driver's function; while `cmt profile` records, timed and recorded with the caller's object.
+
+#define PIN_WRAPPER(name, call, params, args, ptr, bytes)                                    \
+  extern "C" API_EXPORT CUresult name params {                                                \
+    auto f = reinterpret_cast<CUresult (*) params>(real_entry(EntryId::name));                \
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                                \
+    if (!recording()) return f args;                                                          \
+    const uint64_t start = now_ns();                                                          \
+    const CUresult r = f args;                                                                \
+    record_pin_call(PinCall::call, start, now_ns(), ptr, bytes, r, __builtin_return_address(0)); \
+    return r;                                                                                 \
+  }
+#define WRAP_HOST_ALLOC(name) \
+  PIN_WRAPPER(name, HostAlloc, (void** pp, size_t n, unsigned int flags), (pp, n, flags), pp ? *pp : nullptr, n)
+#define WRAP_ALLOC_HOST(name) PIN_WRAPPER(name, AllocHost, (void** pp, size_t n), (pp, n), pp ? *pp : nullptr, n)
+#define WRAP_REGISTER(name) \
+  PIN_WRAPPER(name, Register, (void* p, size_t n, unsigned int flags), (p, n, flags), p, n)
+#define WRAP_FREE_HOST(name) PIN_WRAPPER(name, FreeHost, (void* p), (p), p, 0)
+#define WRAP_UNREGISTER(name) PIN_WRAPPER(name, Unregister, (void* p), (p), p, 0)
+
 #define ENTRY_COPY(name, shape, ds) WRAP_##shape(name, ds)
 #define ENTRY_RESOLVER(name, abi)
 #define ENTRY_CONTEXT_END(name, shape) WRAP_##shape(name)
+#define ENTRY_PIN(name, shape) WRAP_##shape(name)
 #include "entry_points.def"
 #undef ENTRY_COPY
 #undef ENTRY_RESOLVER
 #undef ENTRY_CONTEXT_END
+#undef ENTRY_PIN
 
 namespace {
 
@@ -210,10 +234,12 @@ void* const kWrappers[] = {
 #define ENTRY_COPY(name, shape, ds) reinterpret_cast<void*>(&name),
 #define ENTRY_RESOLVER(name, abi) reinterpret_cast<void*>(&name),
 #define ENTRY_CONTEXT_END(name, shape) reinterpret_cast<void*>(&name),
+#define ENTRY_PIN(name, shape) reinterpret_cast<void*>(&name),
 #include "entry_points.def"
 #undef ENTRY_COPY
 #undef ENTRY_RESOLVER
 #undef ENTRY_CONTEXT_END
+#undef ENTRY_PIN
 };
 static_assert(sizeof(kWrappers) / sizeof(kWrappers[0]) == kEntryCount, "one wrapper per entry");
 

@@ -25,6 +25,9 @@ static_assert(sizeof(CopyRecord) == 48, "on-disk record layout");
 // path of a calling object (zero-padded), `dir` the slot's index in that path, `reserved` the id
 // that h2h records name it by. (The tid after them is the recorder's to fill in.)
 constexpr uint8_t kNameSlotEntry = 0xFE;
+// A record with this entry is a pinning call (pin_record.hpp): `dir` says which, `reserved` names
+// its calling object as h2h records do, `stream` the call site.
+constexpr uint8_t kPinEntry = 0xFD;
 constexpr size_t kNameSlotBytes = 36;
 
 bool recording();

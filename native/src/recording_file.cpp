@@ -13,6 +13,7 @@
 
 #include "driver.hpp"
 #include "host_copy_record.hpp"
+#include "pin_record.hpp"
 #include "log.hpp"
 #include "plan.hpp"
 #include "stats.hpp"
@@ -32,7 +33,7 @@ bool g_write_failed = false;
 namespace {
 
 constexpr char kMagic[8] = {'C', 'M', 'T', 'P', 'R', 'O', 'F', '\0'};
-constexpr uint32_t kFormatVersion = 2;  // 2: host copies (h2h records, name slots)
+constexpr uint32_t kFormatVersion = 3;  // 2: host copies (h2h records, name slots); 3: pinning calls
 
 struct FileHeader {
   char magic[8];
@@ -59,6 +60,8 @@ std::string meta_text() {
   m += "\nentries=";
   for (int e = 0; e < kEntryCount; ++e) m += std::string(e ? "," : "") + entry_name(static_cast<EntryId>(e));
   for (int c = 0; c < kHostCalls; ++c) m += std::string(",") + host_call_name(static_cast<HostCall>(c));
+  m += "\npin_calls=";  // a pinning call's `dir` (pin_record.hpp)
+  for (int c = 0; c < kPinCalls; ++c) m += std::string(c ? "," : "") + pin_call_name(static_cast<PinCall>(c));
   m += "\n";
   for (int o = 0; o < kOutcomes; ++o) {
     m += std::string("outcome_text.") + outcome_name(static_cast<Outcome>(o)) + "=" + outcome_text(static_cast<Outcome>(o)) + "\n";

@@ -41,3 +41,21 @@ def test_profile_names_the_library_of_host_copies_with_the_real_driver(tmp_path)
     print(json.dumps(host, indent=1))
     (row,) = [r for r in host["by_caller"] if r["bytes"] >= 4 * (64 << 20)]
     assert row["count"] >= 4 and row["outcomes"].get("accelerated", 0) >= 4 and row["library"] != "unknown"
+
+
+def test_profile_lists_the_pinning_calls_of_a_torch_program(tmp_path):
+    """PyTorch pins 64 MiB (pin_memory=True goes through its host allocator to the driver), and
+    copies a pageable 64 MiB tensor, which cmt stages through staging of its own: the report lists
+    the program's pinning, at least 64 MiB in at least one call, and none of cmt's own."""
+    pytest.importorskip("torch")
+    code = ("import torch\nx = torch.empty(64 << 20, dtype=torch.uint8, pin_memory=True)\n"
+            "y = torch.ones(64 << 20, dtype=torch.uint8).to('cuda')\ntorch.cuda.synchronize()\nprint(int(y.sum()))\n")
+    proc = subprocess.run([sys.executable, "-m", "cmt", "profile", "--json", "--", sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    pins = json.loads(proc.stdout[proc.stdout.index("{\n"):])["pin_calls"]
+    print(json.dumps(pins, indent=1))
+    pinning = [r for r in pins["by_caller"] if r["call"] in ("cuMemHostAlloc", "cuMemAllocHost", "cuMemHostRegister")]
+    assert pinning and pins["bytes_pinned"] >= 64 << 20 and sum(r["failed"] for r in pinning) == 0
+    # cmt's staging (at least 80 MiB, registered) is not the program's: torch rounds 64 MiB up to at most 128
+    assert pins["bytes_pinned"] <= 128 << 20

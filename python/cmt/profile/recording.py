@@ -19,11 +19,12 @@ from .. import __version__
 from ..errors import CmtError
 
 MAGIC = b"CMTPROF\0"
-FORMAT_VERSION = 2  # 2: host copies (h2h records and the names of their callers)
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3  # 2: host copies (h2h records and the names of their callers); 3: pinning calls
+READABLE_VERSIONS = (1, 2, 3)
 HEADER = struct.Struct("<8sIIIIIIQQIIQ")  # 64 bytes
 MARKER_ENTRY = 0xFF  # not a copy: `bytes` records were dropped
 NAME_SLOT_ENTRY = 0xFE  # not a copy: part of a calling object's path (native/src/recorder.hpp)
+PIN_ENTRY = 0xFD  # not a copy: a call that pinned host memory or let it go (`dir`: which, pin_calls)
 NAME_SLOT_BYTES = 36
 UNKNOWN_CALLER = "unknown"  # an h2h copy whose caller could not be named
 RECORD = np.dtype([
@@ -35,7 +36,7 @@ assert RECORD.itemsize == 48
 BUNDLE_FORMAT = "cmt-profile"
 BUNDLE_VERSION = 1
 MANIFEST = "manifest.json"
-NAME_TABLES = ("directions", "host_kinds", "outcomes", "entries")
+NAME_TABLES = ("directions", "host_kinds", "outcomes", "entries", "pin_calls")
 
 
 @dataclass
@@ -53,6 +54,7 @@ class ProcessRecording:
     dropped: int = 0
     callers: dict[int, str] = field(default_factory=dict)  # object id -> path (h2h records' `reserved`)
     h2h_from: int | None = None  # host copies from this size up were recorded (None: none were)
+    pins: np.ndarray = field(default_factory=lambda: np.zeros(0, RECORD))  # RECORD, pinning calls
 
     def caller(self, object_id: int) -> str:
         return self.callers.get(object_id, UNKNOWN_CALLER)
@@ -119,6 +121,22 @@ class Recording:
             return Copies(*([empty] * 7), *([np.zeros(0, object)] * 5))
         return Copies(*(np.concatenate(cols) for cols in zip(*parts, strict=True)))
 
+    def pin_calls(self) -> Copies:
+        """Every process's pinning calls, as Copies: `entry` names the call (cuMemHostAlloc, ...),
+        `caller` the object that made it; `direction` and `host_kind` are empty."""
+        parts = []
+        for p in self.processes:
+            r = p.pins
+            blank = np.full(len(r), "", dtype=object)
+            parts.append((np.full(len(r), p.pid, np.int64), r["tid"].astype(np.int64), r["start_ns"], r["end_ns"],
+                          r["bytes"], r["stream"], r["result"], blank, blank, blank,
+                          _decode(p, "pin_calls", r["dir"]), np.array([p.caller(int(i)) for i in r["reserved"]],
+                                                                      dtype=object)))
+        if not parts or not sum(len(p.pins) for p in self.processes):
+            empty = np.zeros(0, np.uint64)
+            return Copies(*([empty] * 7), *([np.zeros(0, object)] * 5))
+        return Copies(*(np.concatenate(cols) for cols in zip(*parts, strict=True)))
+
     def outcome_texts(self) -> dict[str, str]:
         texts: dict[str, str] = {}
         for p in self.processes:
@@ -163,14 +181,15 @@ def parse_process(data: bytes, source: str) -> ProcessRecording:
     raw = np.frombuffer(data, RECORD, count=count, offset=header_bytes)
     marker = raw["entry"] == MARKER_ENTRY
     names = raw["entry"] == NAME_SLOT_ENTRY
+    pins = raw["entry"] == PIN_ENTRY
     h2h_from = meta.get("h2h_from", "off")
     return ProcessRecording(
         pid=pid, ppid=ppid, forked=bool(flags & 1), argv=argv, cmt_version=meta.get("cmt_version", "?"),
         monotonic_ns=mono, realtime_ns=real,
         names={t: meta.get(t, "").split(",") for t in NAME_TABLES},
         outcome_texts={k.removeprefix("outcome_text."): v for k, v in meta.items() if k.startswith("outcome_text.")},
-        records=raw[~(marker | names)].copy(), dropped=int(raw["bytes"][marker].sum()),
-        callers=_names(raw[names]), h2h_from=int(h2h_from) if h2h_from.isdigit() else None,
+        records=raw[~(marker | names | pins)].copy(), dropped=int(raw["bytes"][marker].sum()),
+        callers=_names(raw[names]), h2h_from=int(h2h_from) if h2h_from.isdigit() else None, pins=raw[pins].copy(),
     )
 
 

@@ -44,6 +44,10 @@ def _header(model: dict[str, Any], console: Console) -> None:
     if h["copies"]:
         console.print(f"  {h['copies']:,} large host copies (memcpy/memmove from {fmt_bytes(h['recorded_from'])}), "
                       f"{fmt_bytes(h['bytes'])}, {_seconds(h['seconds'])}")
+    pins = model.get("pin_calls")
+    if pins and pins["calls"]:
+        console.print(f"  {pins['calls']:,} calls that pin host memory or let it go, {_seconds(pins['seconds'])}; "
+                      f"{fmt_bytes(pins['bytes_pinned'])} pinned")
     if t["dropped"]:
         console.print(f"  [yellow]{t['dropped']:,} copies were not recorded (recording buffers full)[/yellow]")
 
@@ -116,9 +120,26 @@ def _host_copies(section: dict[str, Any], console: Console) -> None:
     console.print("  " + "; ".join(notes))
 
 
+def _pin_calls(section: dict[str, Any] | None, console: Console) -> None:
+    if not section or not section["calls"]:
+        return
+    table = Table(title="Calls that pin host memory or let it go, by calling library", title_justify="left")
+    for name, justify in (("library", "left"), ("call", "left"), ("calls", "right"), ("bytes", "right"),
+                          ("time in call", "right"), ("GB/s", "right"), ("failed", "right")):
+        table.add_column(name, justify=justify, no_wrap=True)
+    for r in section["by_caller"]:
+        gbps = f"{r['gbps']:.2f}" if r["gbps"] is not None else "-"
+        table.add_row(r["library"], r["call"], f"{r['count']:,}", fmt_bytes(r["bytes"]), _seconds(r["seconds"]), gbps,
+                      f"{r['failed']:,}")
+    console.print(table)
+    console.print("  cmt does not speed pinning up: a library that pins a buffer per transfer spends this time on "
+                  "top of its copies")
+
+
 def render(model: dict[str, Any], console: Console, chart_path: str | None = None) -> None:
     _header(model, console)
     _host_copies(model["host_copies"], console)
+    _pin_calls(model.get("pin_calls"), console)
     if not model["groups"]:
         console.print("  no host<->device copies were recorded (a program that never copies, or one that "
                       "cmt cannot preload into, such as a static or setuid binary)")

@@ -1,6 +1,7 @@
 """The report model (a JSON-able dict): host<->device copies grouped by direction, host memory kind
 and power-of-two size bucket, with what cmt did with each group; the share of bytes by copy size;
-processes; totals; the estimated saving; the large host copies by calling library (host_copies.py).
+processes; totals; the estimated saving; the large host copies by calling library (host_copies.py);
+the calls that pin host memory, by calling library (pin_calls.py).
 `render` prints it, `--json` dumps it as is."""
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
-from . import host_copies, saving
+from . import host_copies, pin_calls, saving
 from .recording import Copies, Recording
 
 REPORT_FORMAT = "cmt-profile-report"
-REPORT_VERSION = 2  # 2: host_copies
+REPORT_VERSION = 3  # 2: host_copies; 3: pin_calls
 DIRECTIONS = ("h2d", "d2h")
 KIND_ORDER = ("pageable", "pinned", "managed", "device", "unknown")
 
@@ -95,13 +96,13 @@ def share(c: Copies) -> dict[str, list[dict[str, Any]]]:
 
 
 def processes(rec: Recording) -> list[dict[str, Any]]:
-    """Per process: its host<->device copies and bytes, and its recorded host copies."""
+    """Per process: its host<->device copies and bytes, its recorded host copies and pinning calls."""
     out = []
     for p in sorted(rec.processes, key=lambda p: p.monotonic_ns):
         host = p.is_host_copy()
         out.append({"pid": p.pid, "ppid": p.ppid, "forked": p.forked, "argv": p.argv, "cmt_version": p.cmt_version,
                     "copies": int((~host).sum()), "bytes": int(p.records["bytes"][~host].sum()),
-                    "host_copies": int(host.sum()), "dropped": p.dropped})
+                    "host_copies": int(host.sum()), "pin_calls": len(p.pins), "dropped": p.dropped})
     return out
 
 
@@ -126,5 +127,6 @@ def build(rec: Recording, bandwidth: saving.Bandwidth | None, no_estimate_reason
         "share": share(c),
         "saving": est,
         "host_copies": host_copies.section(rec, every.select(every.direction == "h2h")),
+        "pin_calls": pin_calls.section(rec.pin_calls()),
         "outcome_texts": rec.outcome_texts(),
     }

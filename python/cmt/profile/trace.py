@@ -1,7 +1,7 @@
 """The copies as a Chrome / Perfetto trace (JSON trace-event format, open at ui.perfetto.dev or
 chrome://tracing): per process, one track per calling thread and one per stream, each copy a
-complete ("X") event on both (a host copy, h2h, on its thread's only); "M" metadata events name
-the tracks."""
+complete ("X") event on both (a host copy, h2h, on its thread's only; a call that pins host memory
+or lets it go, category "pin", on its thread's only); "M" metadata events name the tracks."""
 
 from __future__ import annotations
 
@@ -33,15 +33,24 @@ def _meta(kind: str, pid: int, tid: int, args: dict[str, Any]) -> dict[str, Any]
 
 
 def build(rec: Recording) -> dict[str, Any]:
-    c = rec.copies()
+    c, pins = rec.copies(), rec.pin_calls()
     t0 = min((p.monotonic_ns for p in rec.processes), default=0)
-    if len(c):
-        t0 = min(t0, int(c.start_ns.min()))
+    for calls in (c, pins):
+        if len(calls):
+            t0 = min(t0, int(calls.start_ns.min()))
     events: list[dict[str, Any]] = []
     for p in rec.processes:
         name = " ".join(p.argv[:2]) or "process"
         events.append(_meta("process_name", p.pid, 0, {"name": f"{name} (pid {p.pid})"}))
     threads: set[tuple[int, int]] = set()
+
+    def thread_track(pid: int, tid: int) -> None:
+        if (pid, tid) not in threads:
+            threads.add((pid, tid))
+            label = "main thread" if tid == pid else f"thread {tid}"
+            events.append(_meta("thread_name", pid, tid, {"name": label}))
+            events.append(_meta("thread_sort_index", pid, tid, {"sort_index": 0 if tid == pid else 1}))
+
     lanes: dict[tuple[int, str], list[int]] = {}  # stream -> end time of each lane (no overlaps in a lane)
     lane_tid: dict[tuple[int, str, int], int] = {}
     order = c.start_ns.argsort(kind="stable")
@@ -61,11 +70,7 @@ def build(rec: Recording) -> dict[str, Any]:
             for k in ("host_kind", "stream", "result"):
                 del event["args"][k]
         events.append(event)
-        if (pid, tid) not in threads:
-            threads.add((pid, tid))
-            label = "main thread" if tid == pid else f"thread {tid}"
-            events.append(_meta("thread_name", pid, tid, {"name": label}))
-            events.append(_meta("thread_sort_index", pid, tid, {"sort_index": 0 if tid == pid else 1}))
+        thread_track(pid, tid)
         if c.direction[i] == "h2h":
             continue
         key, stream_name = _stream_key(stream, entry, tid)
@@ -80,6 +85,13 @@ def build(rec: Recording) -> dict[str, Any]:
             events.append(_meta("thread_sort_index", pid, stid, {"sort_index": 1000 + len(lane_tid)}))
         ends[lane] = end
         events.append({**event, "tid": lane_tid[(pid, key, lane)]})
+    for i in pins.start_ns.argsort(kind="stable"):
+        pid, tid, start, end = int(pins.pid[i]), int(pins.tid[i]), int(pins.start_ns[i]), int(pins.end_ns[i])
+        events.append({"name": f"{pins.entry[i]} {fmt_bytes(int(pins.bytes[i]))}", "cat": "pin", "ph": "X",
+                       "ts": (start - t0) / 1e3, "dur": (end - start) / 1e3, "pid": pid, "tid": tid,
+                       "args": {"bytes": int(pins.bytes[i]), "caller": str(pins.caller[i]),
+                                "call_site": f"{int(pins.stream[i]):#x}", "result": int(pins.result[i])}})
+        thread_track(pid, tid)
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"producer": f"cmt {__version__} profile", "command": rec.manifest.get("command")}}
 
