@@ -1,8 +1,7 @@
 // What `cmt profile` records of a host copy (host_copy.hpp) at or above the plan's threshold: its
 // time, size and outcome, which of the interposed functions made it, and the shared object that
 // called it. The interposed functions only pass their return address on their large-copy branch;
-// it is named here (dladdr), on the recording path alone. Each calling object gets an id per
-// process, and its path is written into the recording once, as name slots (recording_file.hpp).
+// caller_object.hpp names it, on the recording path alone.
 #pragma once
 #include <cstddef>
 #include <cstdint>
