@@ -92,9 +92,11 @@ constexpr size_t kPassWhenBusy = 4u << 20;
 
 // A copy that finds its pipeline's setup running waits for it, rather than go to the driver, when it
 // is large: for up to half the time the driver would take for it (at the plan's figure, or
-// kAssumedDriverGBps; real pageable copies run at a third of that on the hosts measured), and all
-// the copies that wait for one setup together for at most kSetupWaitBudgetNs, which bounds what a
-// setup slower than hoped can cost a program. A waiting copy does not hold the setup back as a
+// kAssumedDriverGBps; real pageable copies run at a third of that on the hosts measured), or, once
+// the program has passed more bytes to the driver during this setup than the setup pins (a program
+// that copies a lot, whose passed copies also hold the setup's driver calls back), for whatever is
+// left of the budget; all the copies that wait for one setup together for at most
+// kSetupWaitBudgetNs, which bounds what a setup slower than hoped can cost a program. A waiting copy does not hold the setup back as a
 // passed one does (its pauses, and the driver's calls waiting for a passed copy's): on the H100 of
 // 2026-12-06 a from_pretrained's 30 copies of 4-128 MiB, 430 ms, and CuPy's two 256 MiB get()s all
 // went to the driver while the setup ran.
@@ -127,6 +129,8 @@ struct Pipeline {
   // What copies may still wait for its setup, in all (kSetupWaitBudgetNs; under pipelines_mutex_).
   uint64_t setup_wait_left_ns = kSetupWaitBudgetNs;
   uint64_t setup_start_ns = 0, setup_expected_ns = 0;  // when its setup began, how long it may take
+  uint64_t setup_bytes = 0;   // the staging its setup pins
+  uint64_t passed_bytes = 0;  // what its copies passed to the driver during the setup (pipelines_mutex_)
   StagingRing ring;
   DmaStreams dma;
   LanePool::Run run;
@@ -222,8 +226,9 @@ bool Engine::make(CUcontext ctx, const std::optional<Settings>& first) {
   p->first = first;
   const Settings most = p->setup_settings();
   p->setup_start_ns = monotonic_ns();
-  p->setup_expected_ns = static_cast<uint64_t>(static_cast<double>(buffers_of(most) + kSpareSlots) *
-                                               static_cast<double>(chunk_of(most)) / kSetupGBps);
+  p->setup_bytes = static_cast<uint64_t>(buffers_of(most) + kSpareSlots) * chunk_of(most);
+  p->setup_expected_ns = static_cast<uint64_t>(static_cast<double>(p->setup_bytes) / kSetupGBps);
+  p->passed_bytes = 0;
   pipelines_.push_back(p);
   g_preparing.fetch_add(1, std::memory_order_acq_rel);
   // The copy that makes it was not counted (nothing was being set up): its setup waits for it too.
@@ -277,6 +282,7 @@ Pipeline* Engine::claim(const CopyRequest& req, Pass* pass, CUevent* tail) {
     }
     if (pass && why != Pass::No) {
       *pass = why;
+      if (why == Pass::Warming) p->passed_bytes += req.bytes;
       if (why == Pass::Busy) *tail = p->tail;
       break;
     }
@@ -284,8 +290,8 @@ Pipeline* Engine::claim(const CopyRequest& req, Pass* pass, CUevent* tail) {
     // While it waits (for the setup, or its turn), the copy does not hold the setup's pinning back.
     if (t_in_flight) g_copies_in_flight.fetch_sub(1, std::memory_order_acq_rel);
     const uint64_t now = monotonic_ns();
-    if (state == Pipeline::Preparing && deadline > now) {
-      changed_.wait_for(lock, std::chrono::nanoseconds(deadline - now));
+    if (state == Pipeline::Preparing && deadline) {  // its wait for the setup: never past the deadline
+      if (deadline > now) changed_.wait_for(lock, std::chrono::nanoseconds(deadline - now));
     } else {
       changed_.wait(lock);
     }
@@ -302,14 +308,17 @@ bool Engine::may_wait_for_setup(Pipeline* p, const CopyRequest& req, uint64_t* d
   if (*deadline) return now < *deadline;
   if (req.bytes < kWaitForSetupMinBytes || p->setup_wait_left_ns == 0) return false;
   const double gbps = req.driver_gbps > 0 ? req.driver_gbps : kAssumedDriverGBps;  // GB/s = bytes per ns
-  const uint64_t share = std::min(static_cast<uint64_t>(static_cast<double>(req.bytes) / gbps / 2), p->setup_wait_left_ns);
+  const bool copies_a_lot = p->passed_bytes >= p->setup_bytes;
+  const uint64_t share = copies_a_lot ? p->setup_wait_left_ns
+      : std::min(static_cast<uint64_t>(static_cast<double>(req.bytes) / gbps / 2), p->setup_wait_left_ns);
   const uint64_t elapsed = now - p->setup_start_ns;
   if (p->setup_expected_ns > elapsed && p->setup_expected_ns - elapsed > share) return false;  // not done by then
   p->setup_wait_left_ns -= share;
   *deadline = now + share;
-  log::debug_once(0x5e7a, "a large copy came while the staging was being set up: it waits for it up to %.1f ms "
-                  "(copies may wait %.0f ms in all)", static_cast<double>(share) / 1e6,
-                  static_cast<double>(kSetupWaitBudgetNs) / 1e6);
+  log::debug_once(copies_a_lot ? 0x5e7b : 0x5e7a, "a large copy came while the staging was being set up%s: it "
+                  "waits for it up to %.1f ms (copies may wait %.0f ms in all)",
+                  copies_a_lot ? ", after the program had passed more than the staging to the driver" : "",
+                  static_cast<double>(share) / 1e6, static_cast<double>(kSetupWaitBudgetNs) / 1e6);
   return true;
 }
 
@@ -338,6 +347,7 @@ void Engine::prepare(Pipeline* p) {
     // Short of pinned memory (the node's budget), the ring keeps what it got: copies use fewer slots.
     ContextResources* res = nullptr;
     const uint64_t t0 = monotonic_ns();
+    if (env().test_setup_delay_us) std::this_thread::sleep_for(std::chrono::microseconds(env().test_setup_delay_us));
     ok = fit(p, p->ctx, buffers_of(most), chunk_of(most), &res, let_copies_through) > 0;  // no copy runs before it is Ready
     const uint64_t t1 = monotonic_ns();
     pool_.prestart(threads_of(most) - 1);

@@ -95,6 +95,7 @@ void read_test_hooks(Env& e) {
     else if (ok && key == "busy_cpus") e.test_busy_cpus = n;
     else if (ok && key == "guard" && n <= 1) e.test_guard = n == 1;
     else if (ok && key == "wait_setup" && n <= 1) e.test_wait_setup = n == 1;
+    else if (ok && key == "setup_delay_us") e.test_setup_delay_us = n;
     else if (ok && key == "park_piece") e.test_park_piece = static_cast<size_t>(n);
     else if (ok && key == "park_us") e.test_park_us = n;
     else if (ok && key == "park_before" && n <= 1) e.test_park_before = n == 1;
@@ -105,7 +106,7 @@ void read_test_hooks(Env& e) {
     else if (ok && key == "read_eio_once" && n <= 1) e.test_read_eio_once = n == 1;
     else if (ok && key == "read_slow_after") e.test_read_slow_after = n;
     else if (ok && key == "read_slow_us") e.test_read_slow_us = n;
-    else warn("CMT_TEST_HOOKS item", item.c_str(), "piece=, late_start_us=, busy_cpus=, guard=0, wait_setup=1, park_piece=, park_us=, park_before=1, maps=1, mapped_fail=1, rotational=, read_eio=, read_eio_once=1, read_slow_after=, read_slow_us=, sysfs=, node=");
+    else warn("CMT_TEST_HOOKS item", item.c_str(), "piece=, late_start_us=, busy_cpus=, guard=0, wait_setup=1, setup_delay_us=, park_piece=, park_us=, park_before=1, maps=1, mapped_fail=1, rotational=, read_eio=, read_eio_once=1, read_slow_after=, read_slow_us=, sysfs=, node=");
   }
 }
 

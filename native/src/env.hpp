@@ -30,6 +30,7 @@ struct Env {
   long test_busy_cpus = -1;     // busy_cpus=N: other programs keep N CPUs busy (cpu_load.hpp); -1 measure
   bool test_guard = true;       // guard=0: the rate guard never passes a copy through (tests of the engine)
   bool test_wait_setup = false;  // wait_setup=1: copies wait for their pipeline's setup (one copy is staged)
+  long test_setup_delay_us = 0;  // setup_delay_us=US: the setup takes US longer, outside the driver (page faults)
   // park_piece=N,park_us=US[,park_before=1]: the lane that first claims piece N in this process
   // sleeps US µs once it has begun the piece (or, with park_before, as soon as it claimed it).
   size_t test_park_piece = 0;
