@@ -96,10 +96,10 @@ constexpr size_t kPassWhenBusy = 4u << 20;
 // the program has passed more bytes to the driver during this setup than the setup pins (a program
 // that copies a lot, whose passed copies also hold the setup's driver calls back), for whatever is
 // left of the budget; all the copies that wait for one setup together for at most
-// kSetupWaitBudgetNs, which bounds what a setup slower than hoped can cost a program. A waiting copy does not hold the setup back as a
-// passed one does (its pauses, and the driver's calls waiting for a passed copy's): on the H100 of
-// 2026-12-06 a from_pretrained's 30 copies of 4-128 MiB, 430 ms, and CuPy's two 256 MiB get()s all
-// went to the driver while the setup ran.
+// kSetupWaitBudgetNs, which bounds what a setup slower than hoped can cost a program. A waiting
+// copy does not hold the setup back as a passed one does (its pauses, and the driver's calls
+// waiting for a passed copy's): on the H100 of 2026-12-06 a from_pretrained's 30 copies of 4-128
+// MiB, 430 ms, and CuPy's two 256 MiB get()s all went to the driver while the setup ran.
 // It does not wait where the setup will not be done by then at kSetupGBps (80 MiB of staging took
 // 41 ms to set up, 1.9 GB/s, on the H100 host of 2026-12-06 when one thread faulted it in; 33.6 ms,
 // 2.5 GB/s, on the H200 when several did, staging_ring.cpp).
