@@ -117,6 +117,10 @@ def test_each_library_s_pinning_calls_with_their_bytes_and_time(profiled):
     # cmt's own staging (registered for the program's staged copy) is not the program's
     assert pins["calls"] == 3 + 3 + 2 + 1 + 1 + 1 and pins["bytes_pinned"] == 3 * 16 * MIB + 8 * MIB + 4 * MIB
     assert model["totals"]["copies"] == 1 and model["processes"][0]["pin_calls"] == 11
+    # the library pinned and let go 3 + 1 times: a buffer per transfer, by the look of it; the program once
+    (again,) = pins["repeated"]
+    assert (again["library"], again["pinned"], again["released"]) == ("libpinner.so", 4, 4)
+    assert 0 < again["saving_s"] < again["seconds"] and again["seconds"] >= 4 * 0.005
     assert model["groups"][0]["outcomes"] == {"accelerated": 1}
 
 
@@ -128,6 +132,7 @@ def test_the_text_report_and_the_trace_show_them(profiled, cmt_profile):  # noqa
     line = next(line for line in res.stdout.splitlines() if "libpinner.so" in line and "cuMemHostAlloc" in line)
     assert "│     3 │" in line and "48 MiB" in line
     assert "11 calls that pin host memory or let it go" in res.stdout and "60 MiB pinned" in res.stdout
+    assert "libpinner.so pinned memory 4 times and let it go 4 times" in res.stdout
     trace = json.loads((out / "trace.json").read_text())
     pins = [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "pin"]
     assert len(pins) == 11 and sum(e["name"] == "cuMemHostAlloc 16 MiB" for e in pins) == 3
