@@ -28,16 +28,21 @@ def test_profile_counts_match_what_the_program_made(tmp_path):
     assert report["totals"]["copies"] == sum(c for c, _ in want.values())
 
 
+def _profile_report(code: str) -> dict:
+    """`cmt profile --json` of a Python program: its report (after whatever the program printed)."""
+    proc = subprocess.run([sys.executable, "-m", "cmt", "profile", "--json", "--", sys.executable, "-c", code],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout[proc.stdout.index("{\n"):])
+
+
 def test_profile_names_the_library_of_host_copies_with_the_real_driver(tmp_path):
     """A process that uses CUDA copies 64 MiB between host buffers four times through ctypes: the
     copies are split (accelerated) and attributed to the object that called memmove."""
     code = ("import ctypes\nctypes.CDLL('libcuda.so.1').cuInit(0)\n"
             "a = ctypes.create_string_buffer(64 << 20)\nb = ctypes.create_string_buffer(64 << 20)\n"
             "for _ in range(4): ctypes.memmove(a, b, 64 << 20)\n")
-    proc = subprocess.run([sys.executable, "-m", "cmt", "profile", "--json", "--", sys.executable, "-c", code],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    host = json.loads(proc.stdout[proc.stdout.index("{"):])["host_copies"]
+    host = _profile_report(code)["host_copies"]
     print(json.dumps(host, indent=1))
     (row,) = [r for r in host["by_caller"] if r["bytes"] >= 4 * (64 << 20)]
     assert row["count"] >= 4 and row["outcomes"].get("accelerated", 0) >= 4 and row["library"] != "unknown"
@@ -50,10 +55,7 @@ def test_profile_lists_the_pinning_calls_of_a_torch_program(tmp_path):
     pytest.importorskip("torch")
     code = ("import torch\nx = torch.empty(64 << 20, dtype=torch.uint8, pin_memory=True)\n"
             "y = torch.ones(64 << 20, dtype=torch.uint8).to('cuda')\ntorch.cuda.synchronize()\nprint(int(y.sum()))\n")
-    proc = subprocess.run([sys.executable, "-m", "cmt", "profile", "--json", "--", sys.executable, "-c", code],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    pins = json.loads(proc.stdout[proc.stdout.index("{\n"):])["pin_calls"]
+    pins = _profile_report(code)["pin_calls"]
     print(json.dumps(pins, indent=1))
     pinning = [r for r in pins["by_caller"] if r["call"] in ("cuMemHostAlloc", "cuMemAllocHost", "cuMemHostRegister")]
     assert pinning and pins["bytes_pinned"] >= 64 << 20 and sum(r["failed"] for r in pinning) == 0
