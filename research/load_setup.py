@@ -1,8 +1,11 @@
 """Where a warm `cmt.io.load_safetensors` spends its time: the same page-cached model loaded three
 times in one process, each load timed in parts (the GPU allocation and the read), and a fresh
 process's first 64 MiB read beside a later one (the engine's setup). Prints JSON lines.
+With --first-buffers N, only a fresh process's first whole-file read with N staging buffers (the
+setup pins N and 2 spares: fewer buffers, a shorter setup) and a second one: what a program's first
+load gets, setup included, for each ring size.
 
-    python3 research/load_setup.py /tmp/cmt-io [--gib 3.6]      (needs PyTorch and a GPU)
+    python3 research/load_setup.py /tmp/cmt-io [--gib 3.6] [--first-buffers N]   (needs PyTorch and a GPU)
 """
 
 from __future__ import annotations
@@ -42,10 +45,29 @@ def warm(path: Path) -> None:
             pass
 
 
+def first_loads(model: Path, size: int, buffers: int) -> None:
+    """The process's first whole-file read (the engine's setup included) and a second, both with
+    `buffers` staging buffers."""
+    import torch
+
+    import cmt.io
+
+    buf = torch.empty(size, dtype=torch.uint8, device="cuda")
+    for n in range(2):
+        t0 = time.perf_counter()
+        with cmt.io.open(model, "r", settings={"buffers": buffers}) as f:
+            done = f.read(buf, size=size)
+        torch.cuda.synchronize()
+        t = time.perf_counter() - t0
+        print(json.dumps({"buffers": buffers, "n": n, "read_ms": round(t * 1e3, 2),
+                          "read_gbps": round(done / t / 1e9, 2)}), flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("folder", type=Path)
     p.add_argument("--gib", type=float, default=3.6)
+    p.add_argument("--first-buffers", type=int, default=0)
     args = p.parse_args()
     args.folder.mkdir(parents=True, exist_ok=True)
     model = args.folder / "load-setup.safetensors"
@@ -60,6 +82,9 @@ def main() -> None:
     torch.cuda.init()
     torch.empty(1, device="cuda")  # the context, outside every timer
     size = model.stat().st_size
+    if args.first_buffers:
+        first_loads(model, size, args.first_buffers)
+        return
     small = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
     for n in range(2):  # the engine's setup: a first 64 MiB read against a later one
         t0 = time.perf_counter()
