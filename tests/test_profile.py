@@ -252,12 +252,15 @@ def test_trace_validates_and_has_thread_and_stream_tracks(mix_run):
     jsonschema = pytest.importorskip("jsonschema")  # a test extra; absent on the GPU machine
     jsonschema.validate(trace, TRACE_SCHEMA)
     events = trace["traceEvents"]
-    copies = [e for e in events if e["ph"] == "X" and e["cat"] != "pin"]
+    copies = [e for e in events if e["ph"] == "X" and e["cat"] not in ("pin", "setup")]
     assert len(copies) == 2 * model["totals"]["copies"]  # once on its thread, once on its stream
     pins = [e for e in events if e["ph"] == "X" and e["cat"] == "pin"]  # the program's pinned buffer
     assert len(pins) == model["pin_calls"]["calls"] >= 1
+    setups = [e for e in events if e["ph"] == "X" and e["cat"] == "setup"]  # cmt's staging, once a process
+    assert len(setups) == len(model["setups"]) >= 1 and all(s["ok"] and s["bytes"] > 0 for s in model["setups"])
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
     assert all((e["pid"], e["tid"]) in names for e in copies)
+    assert all(names[(e["pid"], e["tid"])] == "cmt staging setup" for e in setups)
     labels = set(names.values())
     assert "main thread" in labels and "legacy default stream" in labels
     assert sum(label.startswith("per-thread default stream") for label in labels) == 3
@@ -462,3 +465,44 @@ def test_recording_overhead_per_copy(build, fake_driver_dir, lib, tmp_path):
     rec = recording.read(tmp_path / "r0")
     assert sum(len(p.records) for p in rec.processes) == 300_000
     assert recorded - plain < 5000  # the target on a GPU machine is < 1 µs; CI machines are noisy
+
+
+SETUP_PROGRAM = r"""
+#include "cmt/cuda_types.hpp"
+#include <chrono>
+#include <thread>
+#include <vector>
+extern "C" CUresult cuInit(unsigned);
+extern "C" CUresult cuDeviceGet(CUdevice*, int);
+extern "C" CUresult cuCtxCreate_v2(CUcontext*, unsigned, CUdevice);
+extern "C" CUresult cuMemAlloc_v2(CUdeviceptr*, size_t);
+extern "C" CUresult cuMemcpyHtoD_v2(CUdeviceptr, const void*, size_t);
+int main() {
+  CUdevice dev;
+  CUcontext ctx;
+  if (cuInit(0) || cuDeviceGet(&dev, 0) || cuCtxCreate_v2(&ctx, 0, dev)) return 90;
+  std::vector<char> host(8 << 20, 1);
+  CUdeviceptr d = 0;
+  if (cuMemAlloc_v2(&d, host.size())) return 91;
+  for (int i = 0; i < 3; ++i) {
+    if (cuMemcpyHtoD_v2(d, host.data(), host.size())) return 92;
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // the program goes on; the setup ends (a setup
+  return 0;                                              // still running at exit is not recorded)
+}
+"""
+
+
+def test_the_report_shows_cmt_s_setup_and_the_copies_it_passed_meanwhile(build, cmt_profile, tmp_path):
+    # Pinning each staging buffer takes 50 ms: the first copies go to the driver while cmt sets up.
+    # (The program then sleeps 2 s, so that the setup ends before it does.)
+    res = cmt_profile("--json", "--trace", tmp_path / "t.json", "--", build("setup_prog", SETUP_PROGRAM),
+                      env={"FAKE_CUDA_HOST_ALLOC_US": "50000", "CMT_TEST_HOOKS": "guard=0"})
+    assert res.returncode == 0, res.stderr
+    model = json.loads(res.stdout[res.stdout.index("{"):])
+    (setup,) = model["setups"]
+    warming = sum(g["outcomes"].get("warming", 0) for g in model["groups"])
+    assert setup["ok"] and setup["seconds"] >= 0.05 and warming >= 1
+    assert setup["passed"] == warming and setup["passed_bytes"] == warming * (8 << 20)
+    assert any(e["cat"] == "setup" for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+               if e["ph"] == "X")

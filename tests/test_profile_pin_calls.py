@@ -122,6 +122,9 @@ def test_each_library_s_pinning_calls_with_their_bytes_and_time(profiled):
     assert (again["library"], again["pinned"], again["released"]) == ("libpinner.so", 4, 4)
     assert 0 < again["saving_s"] < again["seconds"] and again["seconds"] >= 4 * 0.005
     assert model["groups"][0]["outcomes"] == {"accelerated": 1}
+    # cmt's own setup of that staging is shown apart from the program's pinning
+    (setup,) = model["setups"]
+    assert setup["ok"] and setup["buffers"] >= 1 and setup["bytes"] > 0 and setup["passed"] == 0
 
 
 def test_the_text_report_and_the_trace_show_them(profiled, cmt_profile):  # noqa: F811

@@ -18,6 +18,7 @@
 #include "plan.hpp"
 #include "prefault.hpp"
 #include "rate_guard.hpp"
+#include "recorder.hpp"
 #include "staging_ring.hpp"
 #include "timeline.hpp"
 
@@ -357,6 +358,10 @@ void Engine::prepare(Pipeline* p) {
                static_cast<double>(p->ring.map_ns()) / 1e6, static_cast<double>(p->ring.pin_ns()) / 1e6,
                static_cast<double>(g_setup_paused_ns.load()) / 1e6, threads_of(most) - 1,
                static_cast<double>(monotonic_ns() - t1) / 1e6);
+  }
+  if (recording()) {  // (`cmt profile`: when copies found it still running, and for how long)
+    record_copy(CopyRecord{p->setup_start_ns, monotonic_ns(), static_cast<uint64_t>(p->ring.count()) * p->ring.slot_bytes(),
+                           0, ok ? 0 : 1, 0, 0, 0, 0, kSetupEntry, static_cast<uint32_t>(p->ring.count())});
   }
   {
     std::lock_guard<std::mutex> lock(pipelines_mutex_);

@@ -28,6 +28,10 @@ constexpr uint8_t kNameSlotEntry = 0xFE;
 // A record with this entry is a pinning call (pin_record.hpp): `dir` says which, `reserved` names
 // its calling object as h2h records do, `stream` the call site.
 constexpr uint8_t kPinEntry = 0xFD;
+// A record with this entry is the engine's setup of a GPU's staging (engine.cpp): from the copy that
+// started it to its end; `bytes` the staging it pinned, `reserved` its buffers, `result` 0 if it
+// succeeded (else the driver copies).
+constexpr uint8_t kSetupEntry = 0xFC;
 constexpr size_t kNameSlotBytes = 36;
 
 bool recording();

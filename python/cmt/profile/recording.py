@@ -19,12 +19,13 @@ from .. import __version__
 from ..errors import CmtError
 
 MAGIC = b"CMTPROF\0"
-FORMAT_VERSION = 3  # 2: host copies (h2h records and the names of their callers); 3: pinning calls
+FORMAT_VERSION = 3  # 2: host copies (h2h records and the names of their callers); 3: pinning calls, setups
 READABLE_VERSIONS = (1, 2, 3)
 HEADER = struct.Struct("<8sIIIIIIQQIIQ")  # 64 bytes
 MARKER_ENTRY = 0xFF  # not a copy: `bytes` records were dropped
 NAME_SLOT_ENTRY = 0xFE  # not a copy: part of a calling object's path (native/src/recorder.hpp)
 PIN_ENTRY = 0xFD  # not a copy: a call that pinned host memory or let it go (`dir`: which, pin_calls)
+SETUP_ENTRY = 0xFC  # not a copy: the engine's setup of a GPU's staging (bytes pinned, `reserved` buffers)
 NAME_SLOT_BYTES = 36
 UNKNOWN_CALLER = "unknown"  # an h2h copy whose caller could not be named
 RECORD = np.dtype([
@@ -55,6 +56,7 @@ class ProcessRecording:
     callers: dict[int, str] = field(default_factory=dict)  # object id -> path (h2h records' `reserved`)
     h2h_from: int | None = None  # host copies from this size up were recorded (None: none were)
     pins: np.ndarray = field(default_factory=lambda: np.zeros(0, RECORD))  # RECORD, pinning calls
+    setups: np.ndarray = field(default_factory=lambda: np.zeros(0, RECORD))  # RECORD, the engine's setups
 
     def caller(self, object_id: int) -> str:
         return self.callers.get(object_id, UNKNOWN_CALLER)
@@ -137,6 +139,14 @@ class Recording:
             return Copies(*([empty] * 7), *([np.zeros(0, object)] * 5))
         return Copies(*(np.concatenate(cols) for cols in zip(*parts, strict=True)))
 
+    def setups(self) -> list[dict[str, Any]]:
+        """The engine's setups of staging, every process's, in time order: pid, thread, start and end
+        (ns, the copies' clock), bytes pinned, buffers, whether it succeeded."""
+        out = [{"pid": p.pid, "tid": int(r["tid"]), "start_ns": int(r["start_ns"]), "end_ns": int(r["end_ns"]),
+                "bytes": int(r["bytes"]), "buffers": int(r["reserved"]), "ok": int(r["result"]) == 0}
+               for p in self.processes for r in p.setups]
+        return sorted(out, key=lambda s: s["start_ns"])
+
     def outcome_texts(self) -> dict[str, str]:
         texts: dict[str, str] = {}
         for p in self.processes:
@@ -182,14 +192,16 @@ def parse_process(data: bytes, source: str) -> ProcessRecording:
     marker = raw["entry"] == MARKER_ENTRY
     names = raw["entry"] == NAME_SLOT_ENTRY
     pins = raw["entry"] == PIN_ENTRY
+    setups = raw["entry"] == SETUP_ENTRY
     h2h_from = meta.get("h2h_from", "off")
     return ProcessRecording(
         pid=pid, ppid=ppid, forked=bool(flags & 1), argv=argv, cmt_version=meta.get("cmt_version", "?"),
         monotonic_ns=mono, realtime_ns=real,
         names={t: meta.get(t, "").split(",") for t in NAME_TABLES},
         outcome_texts={k.removeprefix("outcome_text."): v for k, v in meta.items() if k.startswith("outcome_text.")},
-        records=raw[~(marker | names | pins)].copy(), dropped=int(raw["bytes"][marker].sum()),
+        records=raw[~(marker | names | pins | setups)].copy(), dropped=int(raw["bytes"][marker].sum()),
         callers=_names(raw[names]), h2h_from=int(h2h_from) if h2h_from.isdigit() else None, pins=raw[pins].copy(),
+        setups=raw[setups].copy(),
     )
 
 

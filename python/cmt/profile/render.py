@@ -44,6 +44,11 @@ def _header(model: dict[str, Any], console: Console) -> None:
     if h["copies"]:
         console.print(f"  {h['copies']:,} large host copies (memcpy/memmove from {fmt_bytes(h['recorded_from'])}), "
                       f"{fmt_bytes(h['bytes'])}, {_seconds(h['seconds'])}")
+    for st in model.get("setups", []):
+        what = f"{fmt_bytes(st['bytes'])} in {st['buffers']} buffers" if st["ok"] else "failed (the driver copies)"
+        passed = (f"; {st['passed']:,} copies ({fmt_bytes(st['passed_bytes'])}) went to the driver meanwhile"
+                  if st["passed"] else "")
+        console.print(f"  cmt's staging setup (pid {st['pid']}): {what}, {_seconds(st['seconds'])}{passed}")
     pins = model.get("pin_calls")
     if pins and pins["calls"]:
         console.print(f"  {pins['calls']:,} calls that pin host memory or let it go, {_seconds(pins['seconds'])}; "

@@ -1,7 +1,7 @@
 """The report model (a JSON-able dict): host<->device copies grouped by direction, host memory kind
 and power-of-two size bucket, with what cmt did with each group; the share of bytes by copy size;
 processes; totals; the estimated saving; the large host copies by calling library (host_copies.py);
-the calls that pin host memory, by calling library (pin_calls.py).
+the calls that pin host memory, by calling library (pin_calls.py); cmt's setups of its staging.
 `render` prints it, `--json` dumps it as is."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from . import host_copies, pin_calls, saving
 from .recording import Copies, Recording
 
 REPORT_FORMAT = "cmt-profile-report"
-REPORT_VERSION = 3  # 2: host_copies; 3: pin_calls
+REPORT_VERSION = 3  # 2: host_copies; 3: pin_calls, setups
 DIRECTIONS = ("h2d", "d2h")
 KIND_ORDER = ("pageable", "pinned", "managed", "device", "unknown")
 
@@ -106,6 +106,18 @@ def processes(rec: Recording) -> list[dict[str, Any]]:
     return out
 
 
+def setups(rec: Recording, c: Copies) -> list[dict[str, Any]]:
+    """The engine's setups of staging: how long each took, and the copies of its process that went to
+    the driver because it was still running (outcome `warming`)."""
+    out = []
+    for s in rec.setups():
+        passed = (c.pid == s["pid"]) & (c.outcome == "warming")
+        out.append({"pid": s["pid"], "seconds": (s["end_ns"] - s["start_ns"]) / 1e9, "bytes": s["bytes"],
+                    "buffers": s["buffers"], "ok": s["ok"], "passed": int(passed.sum()),
+                    "passed_bytes": int(c.bytes[passed].sum())})
+    return out
+
+
 def build(rec: Recording, bandwidth: saving.Bandwidth | None, no_estimate_reason: str = "") -> dict[str, Any]:
     every = rec.copies()
     c = every.select(np.isin(every.direction, DIRECTIONS))
@@ -128,5 +140,6 @@ def build(rec: Recording, bandwidth: saving.Bandwidth | None, no_estimate_reason
         "saving": est,
         "host_copies": host_copies.section(rec, every.select(every.direction == "h2h")),
         "pin_calls": pin_calls.section(rec.pin_calls()),
+        "setups": setups(rec, c),
         "outcome_texts": rec.outcome_texts(),
     }

@@ -1,7 +1,8 @@
 """The copies as a Chrome / Perfetto trace (JSON trace-event format, open at ui.perfetto.dev or
 chrome://tracing): per process, one track per calling thread and one per stream, each copy a
 complete ("X") event on both (a host copy, h2h, on its thread's only; a call that pins host memory
-or lets it go, category "pin", on its thread's only); "M" metadata events name the tracks."""
+or lets it go, category "pin", on its thread's only; cmt's setup of its staging, category "setup",
+on a track of its own); "M" metadata events name the tracks."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from .recording import Recording
 from .report import fmt_bytes
 
 _STREAM_TID_BASE = 1 << 30  # stream tracks get tids above any real thread id
+_SETUP_TID_BASE = (1 << 30) - 1024  # and the engine's setups below them
 _LEGACY, _PER_THREAD = 0x1, 0x2  # CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
 
 
@@ -92,6 +94,13 @@ def build(rec: Recording) -> dict[str, Any]:
                        "args": {"bytes": int(pins.bytes[i]), "caller": str(pins.caller[i]),
                                 "call_site": f"{int(pins.stream[i]):#x}", "result": int(pins.result[i])}})
         thread_track(pid, tid)
+    for k, st in enumerate(rec.setups()):  # on a track of their own: the setup thread is cmt's
+        stid = _SETUP_TID_BASE + k
+        events.append(_meta("thread_name", st["pid"], stid, {"name": "cmt staging setup"}))
+        events.append({"name": f"setup {fmt_bytes(st['bytes'])}", "cat": "setup", "ph": "X",
+                       "ts": (st["start_ns"] - t0) / 1e3, "dur": (st["end_ns"] - st["start_ns"]) / 1e3,
+                       "pid": st["pid"], "tid": stid, "args": {"bytes": st["bytes"], "buffers": st["buffers"],
+                                                              "ok": st["ok"]}})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"producer": f"cmt {__version__} profile", "command": rec.manifest.get("command")}}
 
