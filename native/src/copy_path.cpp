@@ -158,8 +158,9 @@ Outcome decide_and_copy(const CopyCall& call, CUresult* result, HostKind* kind) 
   if (guarded && !early && guard_decide(call.dir, call.bytes, driver_gbps) != Verdict::Stage) return Outcome::BackedOff;
 
   // While a GPU's pipeline is being set up (its first copy starts that), the program's copies go to
-  // the driver rather than wait for it (large ones after a short wait, engine.cpp), and so do small copies while another thread's copy has
-  // the pipeline. Explicit settings are measured on a ready pipeline.
+  // the driver rather than wait for it (large ones after a short wait, engine.cpp), and so do small
+  // copies while another thread's copy has the pipeline. Explicit settings are measured on a ready
+  // pipeline.
   CopyRequest req{call.dir, ctx, call.host, call.device, call.bytes, stream, settings};
   req.driver_gbps = driver_gbps;
   uint64_t ran_ns = 0;

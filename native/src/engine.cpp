@@ -129,8 +129,8 @@ struct Pipeline {
   CUevent tail = nullptr;
   // What copies may still wait for its setup, in all (kSetupWaitBudgetNs; under pipelines_mutex_).
   uint64_t setup_wait_left_ns = kSetupWaitBudgetNs;
-  uint64_t setup_start_ns = 0, setup_expected_ns = 0;  // when its setup began, how long it may take
-  uint64_t setup_bytes = 0;   // the staging its setup pins
+  uint64_t setup_start_ns = 0;  // when its setup began
+  uint64_t setup_bytes = 0;     // the staging its setup pins
   uint64_t passed_bytes = 0;  // what its copies passed to the driver during the setup (pipelines_mutex_)
   StagingRing ring;
   DmaStreams dma;
@@ -228,7 +228,6 @@ bool Engine::make(CUcontext ctx, const std::optional<Settings>& first) {
   const Settings most = p->setup_settings();
   p->setup_start_ns = monotonic_ns();
   p->setup_bytes = static_cast<uint64_t>(buffers_of(most) + kSpareSlots) * chunk_of(most);
-  p->setup_expected_ns = static_cast<uint64_t>(static_cast<double>(p->setup_bytes) / kSetupGBps);
   p->passed_bytes = 0;
   pipelines_.push_back(p);
   g_preparing.fetch_add(1, std::memory_order_acq_rel);
@@ -312,8 +311,9 @@ bool Engine::may_wait_for_setup(Pipeline* p, const CopyRequest& req, uint64_t* d
   const bool copies_a_lot = p->passed_bytes >= p->setup_bytes;
   const uint64_t share = copies_a_lot ? p->setup_wait_left_ns
       : std::min(static_cast<uint64_t>(static_cast<double>(req.bytes) / gbps / 2), p->setup_wait_left_ns);
+  const uint64_t expected = static_cast<uint64_t>(static_cast<double>(p->setup_bytes) / kSetupGBps);
   const uint64_t elapsed = now - p->setup_start_ns;
-  if (p->setup_expected_ns > elapsed && p->setup_expected_ns - elapsed > share) return false;  // not done by then
+  if (expected > elapsed && expected - elapsed > share) return false;  // not done by then
   p->setup_wait_left_ns -= share;
   *deadline = now + share;
   log::debug_once(copies_a_lot ? 0x5e7b : 0x5e7a, "a large copy came while the staging was being set up%s: it "

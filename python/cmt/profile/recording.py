@@ -118,10 +118,7 @@ class Recording:
                           r["bytes"], r["stream"], r["result"], _decode(p, "directions", r["dir"]),
                           _decode(p, "host_kinds", r["host_kind"]), _decode(p, "outcomes", r["outcome"]),
                           _decode(p, "entries", r["entry"]), _callers(p)))
-        if not parts:
-            empty = np.zeros(0, np.uint64)
-            return Copies(*([empty] * 7), *([np.zeros(0, object)] * 5))
-        return Copies(*(np.concatenate(cols) for cols in zip(*parts, strict=True)))
+        return _merged(parts)
 
     def pin_calls(self) -> Copies:
         """Every process's pinning calls, as Copies: `entry` names the call (cuMemHostAlloc, ...),
@@ -134,10 +131,7 @@ class Recording:
                           r["bytes"], r["stream"], r["result"], blank, blank, blank,
                           _decode(p, "pin_calls", r["dir"]), np.array([p.caller(int(i)) for i in r["reserved"]],
                                                                       dtype=object)))
-        if not parts or not sum(len(p.pins) for p in self.processes):
-            empty = np.zeros(0, np.uint64)
-            return Copies(*([empty] * 7), *([np.zeros(0, object)] * 5))
-        return Copies(*(np.concatenate(cols) for cols in zip(*parts, strict=True)))
+        return _merged(parts)
 
     def setups(self) -> list[dict[str, Any]]:
         """The engine's setups of staging, every process's, in time order: pid, thread, start and end
@@ -152,6 +146,14 @@ class Recording:
         for p in self.processes:
             texts.update(p.outcome_texts)
         return texts
+
+
+def _merged(parts: list[tuple]) -> Copies:
+    """Copies from each process's columns, in Copies' field order."""
+    if not parts:
+        empty = np.zeros(0, np.uint64)
+        return Copies(*([empty] * 7), *([np.zeros(0, object)] * 5))
+    return Copies(*(np.concatenate(cols) for cols in zip(*parts, strict=True)))
 
 
 def _callers(proc: ProcessRecording) -> np.ndarray:
