@@ -28,9 +28,10 @@
 #            cupy, seed-jax, hf-load), then each once under cmt profile (-> workloads.json,
 #            frameworks-profile.txt)
 #   setup    the engine's setup under CMT_LOG=debug: research/load_setup.py (where a warm
-#            cmt.io.load_safetensors spends its time; then a fresh process's first load with 4, 6 and 8
-#            staging buffers, twice each), then the quick hf-load and cupy workloads twice each under
-#            cmt run with CMT_STATS (after frameworks, whose files they reuse) (-> setup-debug.txt)
+#            cmt.io.load_safetensors spends its time; then a fresh process's first load with 4 and 8
+#            staging buffers, twice each, and with 8 twice under cmt run), then the quick hf-load and cupy
+#            workloads twice each under cmt run with CMT_STATS, with staging faulted in ahead and without
+#            (after frameworks, whose files they reuse)                 (-> setup-debug.txt)
 #   models   cmt bench workloads of the model-load family (every loader warm and cold, the C++ loader);
 #            QUICK=1 for the 0.5 GB model; CACHE=warm or cold for half (the whole family at 3.9 GB may
 #            not fit one call); ONLY=NAME,... for those workloads     (-> workloads.json)
@@ -92,14 +93,19 @@ for mode in "${modes[@]}"; do
                 done > "$OUT/frameworks-profile.txt"; grep -A3 -i "host copies\|by library" "$OUT/frameworks-profile.txt" | head -40 ;;
     setup) mkdir -p /tmp/cmt-io /tmp/cmt-fw
            { CMT_LOG=debug timeout 100 python3 research/load_setup.py /tmp/cmt-io
-             for b in 4 6 8 4 6 8; do CMT_LOG=debug timeout 60 python3 research/load_setup.py /tmp/cmt-io --first-buffers $b; done
+             for b in 4 8 4 8; do CMT_LOG=debug timeout 60 python3 research/load_setup.py /tmp/cmt-io --first-buffers $b; done
+             for b in 8 8; do echo "== under cmt run"  # its staging faulted in while the context is made
+               CMT_LOG=debug timeout 60 python3 -m cmt run -- python3 research/load_setup.py /tmp/cmt-io --first-buffers $b; done
              for w in hf-load cupy hf-load cupy; do
                s=$(python3 -c "from cmt.bench import workloads as w; print(*(x.path for x in w.select('$w')))")
-               echo "== $w"; python3 "$s" --quick --prepare --work-dir /tmp/cmt-fw > /dev/null 2>&1
-               CMT_LOG=debug CMT_STATS=1 timeout 60 python3 -m cmt run -- python3 "$s" --quick --work-dir /tmp/cmt-fw 2>&1 |
-                 grep -vE "Loading weights|plan:"
+               python3 "$s" --quick --prepare --work-dir /tmp/cmt-fw > /dev/null 2>&1
+               for r in 1 0; do  # staging faulted in ahead or not (test hook reserve=0)
+                 echo "== $w reserve=$r"
+                 CMT_TEST_HOOKS=reserve=$r CMT_LOG=debug CMT_STATS=1 timeout 60 python3 -m cmt run -- \
+                   python3 "$s" --quick --work-dir /tmp/cmt-fw 2>&1 | grep -vE "Loading weights|plan:"
+               done
              done; } > "$OUT/setup-debug.txt" 2>&1
-           grep -E "set up|waits|inner|==|warming|accelerated|buffers" "$OUT/setup-debug.txt" | cut -c1-200 ;;
+           grep -E "set up|ahead|waits|inner|==|warming|accelerated|buffers" "$OUT/setup-debug.txt" | cut -c1-200 ;;
     models) only=${ONLY:-$(python3 -c 'import os; from cmt.bench import workloads as w; c = os.environ.get("CACHE", "")
 print(",".join(n for n in w.names() if n.startswith("model-load") and n.endswith(c)))')}
             COLUMNS=150 timeout 540 python3 -m cmt bench workloads --only "$only" ${QUICK:+--quick} --out "$OUT" 2>&1 |

@@ -179,3 +179,44 @@ def test_without_the_setup_s_worth_passed_a_copy_does_not_wait(fake_driver_dir):
     log = s.close()
     assert all(r["bytes_ok"] for r in done) and [outcome(r, "h2d") for r in done] == [{"warming": 1}] * 2
     assert "passed more than the staging" not in log and done[1]["seconds"] < 0.1
+
+
+def _tiny_plan() -> str:
+    return ";".join(f"{d}:1=threads:2,buffers:4,chunk_bytes:1048576" for d in ("h2d", "d2h"))
+
+
+def test_the_staging_is_faulted_in_while_the_context_is_made(fake_driver_dir):
+    # Faulting the staging in was most of a setup's time (80 MiB: 27-35 ms of 34-41 on the lent VMs),
+    # and it came after the first copy. The server's cuDevicePrimaryCtxRetain starts it; each of the
+    # ring's 6 buffers (4 and two spares) takes 100 ms more to fault in here, as a slow host's would:
+    # by the first copy, a second later, all 6 are there and the setup only registers them.
+    s = CopyServer(fake_driver_dir, CMT_PLAN=_tiny_plan(), CMT_TEST_HOOKS="guard=0,wait_setup=1,fault_us=100000",
+                   CMT_LOG="debug")
+    time.sleep(1.0)
+    r = s("roundtrip", size=8 * MIB)
+    log = s.close()
+    assert r["device_ok"] and r["host_ok"] and outcome(r, "h2d") == {"accelerated": 1}
+    assert "staging for device 0 faulted in ahead: 6 slots of 1048576 bytes" in log, log
+    setup = next(line for line in log.splitlines() if "staging pipeline set up" in line)
+    assert "(6 faulted in ahead;" in setup, setup
+    assert float(setup.split(" in ")[1].split(" ms")[0]) < 100, setup  # less than one buffer's faulting
+
+
+def test_staging_faulted_in_ahead_that_no_setup_takes_is_let_go(fake_driver_dir):
+    # A program that makes a context and copies nothing for a while does not keep the memory: let go
+    # after a hold (here 0 ms), and the setup, when it comes, maps its own.
+    s = CopyServer(fake_driver_dir, CMT_PLAN=_tiny_plan(), CMT_TEST_HOOKS="guard=0,wait_setup=1,reserve_hold_ms=0",
+                   CMT_LOG="debug")
+    time.sleep(1.0)
+    r = s("roundtrip", size=8 * MIB)
+    log = s.close()
+    assert r["device_ok"] and r["host_ok"] and outcome(r, "h2d") == {"accelerated": 1}
+    assert "no setup took the staging faulted in ahead for device 0 within 0 ms: let go" in log, log
+    assert "(0 faulted in ahead;" in next(line for line in log.splitlines() if "staging pipeline set up" in line)
+
+
+def test_a_plan_that_stages_nothing_faults_nothing_in_ahead(fake_driver_dir):
+    s = CopyServer(fake_driver_dir, CMT_PLAN="h2d:0=pass;d2h:0=pass", CMT_LOG="debug")
+    time.sleep(0.3)
+    s("roundtrip", size=8 * MIB)
+    assert "faulted in ahead" not in s.close()

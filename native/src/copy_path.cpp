@@ -25,8 +25,7 @@ std::atomic<bool> g_prepared_early{false};
 // was made.) After the first, one load.
 void prepare_early(CUcontext ctx = nullptr) {
   if (g_prepared_early.load(std::memory_order_relaxed)) return;
-  const Plan& plan = active_plan();
-  if (plan.stages_from(Direction::HtoD) == SIZE_MAX && plan.stages_from(Direction::DtoH) == SIZE_MAX) {
+  if (!active_plan().stages_device_copies()) {
     g_prepared_early.store(true, std::memory_order_relaxed);
     return;
   }

@@ -9,12 +9,12 @@ namespace cmt {
 enum class EntryId : int {
 #define ENTRY_COPY(name, shape, stream) name,
 #define ENTRY_RESOLVER(name, abi) name,
-#define ENTRY_CONTEXT_END(name, shape) name,
+#define ENTRY_CONTEXT(name, shape) name,
 #define ENTRY_PIN(name, shape) name,
 #include "entry_points.def"
 #undef ENTRY_COPY
 #undef ENTRY_RESOLVER
-#undef ENTRY_CONTEXT_END
+#undef ENTRY_CONTEXT
 #undef ENTRY_PIN
   Count
 };

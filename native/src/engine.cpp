@@ -19,6 +19,7 @@
 #include "prefault.hpp"
 #include "rate_guard.hpp"
 #include "recorder.hpp"
+#include "staging_memory.hpp"
 #include "staging_ring.hpp"
 #include "timeline.hpp"
 
@@ -341,7 +342,10 @@ void Engine::prepare(Pipeline* p) {
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     d.cuThreadExchangeStreamCaptureMode(&mode);
     CUdevice dev = 0;
-    if (d.cuCtxGetDevice(&dev) == CUDA_SUCCESS) p->place = numa_place_for(dev);
+    if (d.cuCtxGetDevice(&dev) == CUDA_SUCCESS) {
+      p->place = numa_place_for(dev);
+      p->ring.set_device(dev);  // its staging may have been faulted in ahead (staging_memory.hpp)
+    }
     numa_move_setup_thread(p->place);  // before the ring: its pinned pages come from the GPU's node
     if (p->place.placed()) p->run.place = &p->place;
     const Settings most = p->setup_settings();
@@ -352,9 +356,10 @@ void Engine::prepare(Pipeline* p) {
     ok = fit(p, p->ctx, buffers_of(most), chunk_of(most), &res, let_copies_through) > 0;  // no copy runs before it is Ready
     const uint64_t t1 = monotonic_ns();
     pool_.prestart(threads_of(most) - 1);
-    log::write(log::Level::Debug, "staging pipeline set up: %d buffers of %zu bytes in %.1f ms (pages faulted in "
-               "%.1f ms, the driver's part %.1f ms, of which %.1f ms paused for copies passed meanwhile), %d workers "
-               "started in %.1f ms", p->ring.count(), p->ring.slot_bytes(), static_cast<double>(t1 - t0) / 1e6,
+    log::write(log::Level::Debug, "staging pipeline set up: %d buffers of %zu bytes in %.1f ms (%d faulted in ahead; "
+               "pages faulted in %.1f ms, the driver's part %.1f ms, of which %.1f ms paused for copies passed "
+               "meanwhile), %d workers started in %.1f ms", p->ring.count(), p->ring.slot_bytes(),
+               static_cast<double>(t1 - t0) / 1e6, p->ring.reserved(),
                static_cast<double>(p->ring.map_ns()) / 1e6, static_cast<double>(p->ring.pin_ns()) / 1e6,
                static_cast<double>(g_setup_paused_ns.load()) / 1e6, threads_of(most) - 1,
                static_cast<double>(monotonic_ns() - t1) / 1e6);
@@ -614,7 +619,15 @@ bool engine_host_lanes(int lanes, void (*work)(void*, int), void* arg) {
   return g_engine->host_lanes(lanes, work, arg);
 }
 
+void engine_context_starting(CUdevice dev) {
+  const Plan& plan = active_plan();
+  if (!plan.stages_device_copies()) return;
+  const Settings most = plan.largest();
+  staging_reserve_start(dev, buffers_of(most) + kSpareSlots, chunk_of(most));
+}
+
 void engine_forget_after_fork() {
+  staging_reserve_forget_after_fork();
   if (g_engine) g_engine->forget();
 }
 

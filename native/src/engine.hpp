@@ -91,6 +91,10 @@ std::string engine_dma_gpu_times();
 // child.
 bool engine_host_lanes(int lanes, void (*work)(void*, int), void* arg);
 
+// dev's primary context is about to be made (hooks.cpp): the staging its pipeline's setup will
+// register, the plan's largest ring, starts being faulted in meanwhile (staging_memory.hpp).
+void engine_context_starting(CUdevice dev);
+
 // Tells a forked child that the engine's threads do not exist in it.
 void engine_forget_after_fork();
 

@@ -1,5 +1,5 @@
-// The three doors into the driver, all generated from entry_points.def (copies, the calls that end
-// a context, the calls that pin host memory, the resolvers):
+// The three doors into the driver, all generated from entry_points.def (copies, the calls that start
+// or end a context, the calls that pin host memory, the resolvers):
 //  1. exported wrappers named like the driver's functions (programs linked with -lcuda);
 //  2. dlsym: a lookup of an intercepted name that finds libcuda's function gets the wrapper
 //     (static and dynamic cudart, XLA, ctypes users);
@@ -115,7 +115,17 @@ CUresult intercept_uva(EntryId id, CUdeviceptr dst, CUdeviceptr src, size_t n, C
                          REAL_CALL(name, PFN_cuMemcpyAsync, dst, src, n, s));                    \
   }
 
-// ---- calls that end a context ----------------------------------------------------------------
+// ---- calls that start or end a context ---------------------------------------------------------
+
+// The device's staging starts being faulted in first: the driver's making of the context (100 ms or
+// more) and the faulting run side by side (engine_context_starting).
+#define WRAP_PRIMARY_RETAIN(name)                                                 \
+  extern "C" API_EXPORT CUresult name(CUcontext* pctx, CUdevice dev) {             \
+    auto f = reinterpret_cast<CUresult (*)(CUcontext*, CUdevice)>(real_entry(EntryId::name)); \
+    if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                     \
+    engine_context_starting(dev);                                                  \
+    return f(pctx, dev);                                                           \
+  }
 
 namespace {
 
@@ -187,12 +197,12 @@ CUresult primary_call(EntryId id, CUdevice dev, bool ends_it) {
 
 #define ENTRY_COPY(name, shape, ds) WRAP_##shape(name, ds)
 #define ENTRY_RESOLVER(name, abi)
-#define ENTRY_CONTEXT_END(name, shape) WRAP_##shape(name)
+#define ENTRY_CONTEXT(name, shape) WRAP_##shape(name)
 #define ENTRY_PIN(name, shape) WRAP_##shape(name)
 #include "entry_points.def"
 #undef ENTRY_COPY
 #undef ENTRY_RESOLVER
-#undef ENTRY_CONTEXT_END
+#undef ENTRY_CONTEXT
 #undef ENTRY_PIN
 
 namespace {
@@ -233,12 +243,12 @@ namespace {
 void* const kWrappers[] = {
 #define ENTRY_COPY(name, shape, ds) reinterpret_cast<void*>(&name),
 #define ENTRY_RESOLVER(name, abi) reinterpret_cast<void*>(&name),
-#define ENTRY_CONTEXT_END(name, shape) reinterpret_cast<void*>(&name),
+#define ENTRY_CONTEXT(name, shape) reinterpret_cast<void*>(&name),
 #define ENTRY_PIN(name, shape) reinterpret_cast<void*>(&name),
 #include "entry_points.def"
 #undef ENTRY_COPY
 #undef ENTRY_RESOLVER
-#undef ENTRY_CONTEXT_END
+#undef ENTRY_CONTEXT
 #undef ENTRY_PIN
 };
 static_assert(sizeof(kWrappers) / sizeof(kWrappers[0]) == kEntryCount, "one wrapper per entry");

@@ -10,6 +10,7 @@
 // Sizes below the first rule pass through.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,10 @@ class Plan {
   Settings largest() const;
   // The smallest copy in direction d that some rule stages (SIZE_MAX: none).
   size_t stages_from(Direction d) const;
+  // Whether some rule stages copies between host and device (a pipeline is worth setting up).
+  bool stages_device_copies() const {
+    return stages_from(Direction::HtoD) != SIZE_MAX || stages_from(Direction::DtoH) != SIZE_MAX;
+  }
 
  private:
   std::vector<Rule> rules_[kDirections];  // sorted by min_bytes

@@ -2,54 +2,15 @@
 
 #include <sys/mman.h>
 
-#include <algorithm>
-#include <system_error>
-#include <thread>
-#include <vector>
-
 #include "log.hpp"
 #include "node_budget.hpp"
-#include "prefault.hpp"
+#include "staging_memory.hpp"
 #include "spin.hpp"
 
 namespace cmt {
 namespace {
 
-// Maps and faults in `bytes` of anonymous memory for a slot (the kernel zeroes the pages here,
-// outside the driver); nullptr if it could not.
-void* map_populated(size_t bytes) {
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  if (p == MAP_FAILED) return nullptr;
-  madvise(p, bytes, MADV_DONTFORK);  // a forked child gets none of it: no copy-on-write of pinned pages
-  return p;
-}
-
-// Maps `n` slots' memory at once, by up to kMapThreads threads. Faulting in is most of a setup's
-// time (80 MiB: 34.7 ms of 41.4 in one thread on the H100 host of 2026-12-06, 2.3 GB/s: the kernel
-// zeroes every page and the VM's host backs each), and page faults in one process run in parallel.
-// Measured 3.0 GB/s with these threads (H200 and H100 hosts, 2026-12-06): the lent VMs' hosts back
-// fresh pages at about that rate however many threads ask.
-// The threads inherit the setup thread's NUMA placement. Where a thread cannot start, its share is
-// mapped here.
-constexpr int kMapThreads = 8;
-void map_all(void** mem, int n, size_t bytes) {
-  const int threads = static_cast<int>(std::clamp<long>(std::min<long>(n, usable_cpus() / 2), 1, kMapThreads));
-  auto share = [&](int t) {
-    for (int i = t; i < n; i += threads) mem[i] = map_populated(bytes);
-  };
-  std::vector<std::thread> helpers;
-  for (int t = 1; t < threads; ++t) {
-    try {
-      helpers.emplace_back(share, t);
-    } catch (const std::system_error&) {
-      share(t);
-    }
-  }
-  share(0);
-  for (auto& h : helpers) h.join();
-}
-
-// Pins a slot: registers `mapped` (map_all's; nullptr if it could not) with the driver. A real
+// Pins a slot: registers `mapped` (map_staging's; nullptr if it could not) with the driver. A real
 // driver's calls, the program's copies among them, wait while it pins, and registering pages
 // already there holds it for a fraction of what cuMemHostAlloc does (64 MiB registered in 2 ms on
 // the H200; cuMemHostAlloc pinned 112 MiB in 53-69 ms on the H100, docs/engine-findings.md, "First
@@ -124,7 +85,7 @@ bool StagingRing::ensure(int slots, size_t bytes, void (*before_each)()) {
   }
   void* mapped[kMaxSlots] = {};
   const uint64_t t = monotonic_ns();
-  if (d_.cuMemHostRegister) map_all(mapped, granted, slot_bytes_);
+  if (d_.cuMemHostRegister) reserved_ += map_staging(mapped, granted, slot_bytes_, device_);
   map_ns_ += monotonic_ns() - t;
   for (int i = 0; i < granted; ++i) {
     if (!pin(d_, &slots_[count_], slot_bytes_, mapped[i], before_each, &pin_ns_)) {

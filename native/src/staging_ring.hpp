@@ -57,6 +57,9 @@ class StagingRing {
   // Time spent making buffers so far (the setup's debug line): mapping and faulting pages in, and
   // the driver's part (registering, or cuMemHostAlloc, with the pauses before each).
   uint64_t map_ns() const { return map_ns_; }
+  int reserved() const { return reserved_; }  // buffers whose pages were faulted in ahead
+  // The device whose staging faulted in ahead (staging_memory.hpp) the ring may take.
+  void set_device(int dev) { device_ = dev; }
   uint64_t pin_ns() const { return pin_ns_; }
   // Which end of the slots the last device-to-host copy used (place_transfer turns it over).
   bool* flipped() { return &flipped_; }
@@ -68,6 +71,8 @@ class StagingRing {
   size_t slot_bytes_ = 0;
   bool flipped_ = false;
   uint64_t map_ns_ = 0, pin_ns_ = 0;
+  int device_ = -1;
+  int reserved_ = 0;
 };
 
 }  // namespace cmt

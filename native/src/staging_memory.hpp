@@ -1,0 +1,30 @@
+// Staging memory before it is pinned: anonymous pages mapped and faulted in (the kernel zeroes
+// each), which the staging ring then registers with the driver (staging_ring.cpp).
+//
+// Faulting in is most of a setup's time: 80 MiB took 27-35 ms of a 34-41 ms setup on the lent VMs,
+// whose hosts back fresh pages at about 3 GB/s however many threads ask (docs/engine-findings.md,
+// "sixth steps"). So a device's staging is faulted in ahead, while the driver makes its primary
+// context (cuDevicePrimaryCtxRetain: 100 ms or more), and the setup at the context's first copy
+// takes it from there and only registers it. A reserve that no setup takes within a while is let go.
+#pragma once
+#include <cstddef>
+
+#include "cmt/cuda_types.hpp"
+
+namespace cmt {
+
+// Starts faulting in `slots` slots of `bytes` for `dev` in the background (once per device and
+// process). Called before the driver makes the device's primary context; does nothing where
+// staging would not be registered (no cuMemHostRegister), in a forked child or inside cmt.
+void staging_reserve_start(CUdevice dev, int slots, size_t bytes);
+
+// Fills mem[0..n) with mapped, faulted-in regions of `bytes` (MADV_DONTFORK): first from `dev`'s
+// reserve (waiting for its slots still being faulted in; dev < 0: none), then newly mapped by
+// several threads; nullptr where memory could not be mapped. Returns how many came from the reserve.
+// The first call for a device closes its reserve: what it did not take is unmapped.
+int map_staging(void** mem, int n, size_t bytes, int dev);
+
+// A forked child has none of the reserves' pages (MADV_DONTFORK): it forgets them.
+void staging_reserve_forget_after_fork();
+
+}  // namespace cmt
