@@ -3,9 +3,10 @@ times in one process, each load timed in parts (the GPU allocation and the read)
 process's first 64 MiB read beside a later one (the engine's setup). Prints JSON lines.
 With --first-buffers N, only a fresh process's first whole-file read with N staging buffers (the
 setup pins N and 2 spares: fewer buffers, a shorter setup) and a second one: what a program's first
-load gets, setup included, for each ring size.
+load gets, setup included, for each ring size; with --cold, the file evicted from the page cache
+(posix_fadvise) before each of the two.
 
-    python3 research/load_setup.py /tmp/cmt-io [--gib 3.6] [--first-buffers N]   (needs PyTorch and a GPU)
+    python3 research/load_setup.py /tmp/cmt-io [--gib 3.6] [--first-buffers N [--cold]]   (PyTorch, a GPU)
 """
 
 from __future__ import annotations
@@ -45,21 +46,29 @@ def warm(path: Path) -> None:
             pass
 
 
-def first_loads(model: Path, size: int, buffers: int) -> None:
+def evict(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def first_loads(model: Path, size: int, buffers: int, cold: bool) -> None:
     """The process's first whole-file read (the engine's setup included) and a second, both with
-    `buffers` staging buffers."""
+    `buffers` staging buffers (cold: each from the disk)."""
     import torch
 
     import cmt.io
 
     buf = torch.empty(size, dtype=torch.uint8, device="cuda")
     for n in range(2):
+        if cold:
+            evict(model)
         t0 = time.perf_counter()
         with cmt.io.open(model, "r", settings={"buffers": buffers}) as f:
             done = f.read(buf, size=size)
         torch.cuda.synchronize()
         t = time.perf_counter() - t0
-        print(json.dumps({"buffers": buffers, "n": n, "read_ms": round(t * 1e3, 2),
+        print(json.dumps({"buffers": buffers, "cold": cold, "n": n, "read_ms": round(t * 1e3, 2),
                           "read_gbps": round(done / t / 1e9, 2)}), flush=True)
 
 
@@ -68,6 +77,7 @@ def main() -> None:
     p.add_argument("folder", type=Path)
     p.add_argument("--gib", type=float, default=3.6)
     p.add_argument("--first-buffers", type=int, default=0)
+    p.add_argument("--cold", action="store_true")
     args = p.parse_args()
     args.folder.mkdir(parents=True, exist_ok=True)
     model = args.folder / "load-setup.safetensors"
@@ -83,7 +93,7 @@ def main() -> None:
     torch.empty(1, device="cuda")  # the context, outside every timer
     size = model.stat().st_size
     if args.first_buffers:
-        first_loads(model, size, args.first_buffers)
+        first_loads(model, size, args.first_buffers, args.cold)
         return
     small = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
     for n in range(2):  # the engine's setup: a first 64 MiB read against a later one

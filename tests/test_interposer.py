@@ -491,6 +491,7 @@ def test_processes_share_the_nodes_budget_and_a_killed_ones_lanes_come_back(fake
     both copies; never more than the budget. When the first is killed mid-copy, its lanes return."""
     env = {"CMT_NODE_THREADS": "4", "FAKE_CUDA_COPY_GBPS": "0.02", "CMT_TEST_HOOKS": "guard=0,wait_setup=1," + own_node,
            "CMT_PLAN": ";".join(f"{d}:1=threads:4,buffers:2,chunk_bytes:1048576" for d in ("h2d", "d2h"))}
+    env["SERVER_CONTEXT"] = "created"  # each ring is made at its first copy (copy_server.py)
     a, b = CopyServer(fake_driver_dir, **env), CopyServer(fake_driver_dir, **env)
     try:
         before = b("node_lanes")["in_use"]
@@ -520,6 +521,7 @@ def test_a_copy_that_let_a_lane_go_takes_it_up_again_when_the_other_copy_ends(fa
     copy has ended."""
     env = {"CMT_NODE_THREADS": "4", "FAKE_CUDA_COPY_GBPS": "0.02", "CMT_TEST_HOOKS": "guard=0,wait_setup=1," + own_node,
            "CMT_PLAN": ";".join(f"{d}:1=threads:4,buffers:2,chunk_bytes:1048576" for d in ("h2d", "d2h"))}
+    env["SERVER_CONTEXT"] = "created"  # each ring is made at its first copy (copy_server.py)
     a, b = CopyServer(fake_driver_dir, **env), CopyServer(fake_driver_dir, **env)
     try:
         a("hold", size=192 * MIB)  # 9.6 s on the slow link
@@ -569,6 +571,7 @@ def test_a_copy_that_lacks_its_share_takes_up_lanes_that_come_free(fake_driver_d
     at its share, lets nothing go, and both copies' bytes arrive."""
     env = {"CMT_NODE_THREADS": "4", "FAKE_CUDA_COPY_GBPS": "0.02", "CMT_TEST_HOOKS": "guard=0,wait_setup=1," + own_node,
            "CMT_PLAN": ";".join(f"{d}:1=threads:4,buffers:2,chunk_bytes:1048576" for d in ("h2d", "d2h"))}
+    env["SERVER_CONTEXT"] = "created"  # each ring is made at its first copy (copy_server.py)
     a, b = CopyServer(fake_driver_dir, **env), CopyServer(fake_driver_dir, **env)
     try:
         before = b("node_lanes")["in_use"]
@@ -624,15 +627,16 @@ def test_the_cpus_that_other_programs_keep_busy_are_measured(fake_driver_dir):
     assert busy >= 1.0, busy
 
 
-def test_processes_share_the_nodes_pinned_staging_and_a_killed_ones_comes_back(fake_driver_dir):
+def test_processes_share_the_nodes_pinned_staging_and_a_killed_ones_comes_back(fake_driver_dir, own_node):
     """10 MiB of pinned staging beyond what other processes hold (CMT_NODE_PINNED_MB): the first
     process's ring takes 6 (4 slots of 1 MiB and 2 spares); the second gets the 4 left and copies with
     2 slots, exactly; when the first is killed, its 6 MiB return."""
-    probe = CopyServer(fake_driver_dir)
-    before = probe("node_lanes")["pinned_in_use"]  # the other tests' copy servers, still alive
+    probe = CopyServer(fake_driver_dir, SERVER_CONTEXT="created", CMT_TEST_HOOKS="guard=0," + own_node)
+    before = probe("node_lanes")["pinned_in_use"]  # none: the test's own segment
     probe.close()
-    env = {"CMT_NODE_PINNED_MB": str(before + 10),
-           "CMT_PLAN": ";".join(f"{d}:1=threads:2,buffers:4,chunk_bytes:1048576" for d in ("h2d", "d2h"))}
+    env = {"CMT_NODE_PINNED_MB": str(before + 10), "CMT_TEST_HOOKS": "guard=0,wait_setup=1," + own_node,
+           "CMT_PLAN": ";".join(f"{d}:1=threads:2,buffers:4,chunk_bytes:1048576" for d in ("h2d", "d2h")),
+           "SERVER_CONTEXT": "created"}  # each ring is made at its first copy (copy_server.py)
     a, b = CopyServer(fake_driver_dir, **env), CopyServer(fake_driver_dir, **env)
     try:
         r = a("roundtrip", size=8 * MIB)

@@ -389,7 +389,7 @@ def test_a_batch_reports_each_ops_error_with_its_index(run_python, tmp_path):
 def test_default_settings_suit_files_and_can_be_overridden(run_python, tmp_path):
     run_scenario(run_python, f'''
         s = cmt.io.default_settings()
-        assert s["chunk_bytes"] == 8 * MiB and s["buffers"] == 8 and 1 <= s["threads"] <= 16, s
+        assert s["chunk_bytes"] == 8 * MiB and s["buffers"] == 4 and 1 <= s["threads"] <= 16, s
         path = os.path.join({str(tmp_path)!r}, "f.bin")
         make_file(path, pattern(3 * MiB, 11))
         d = drv.mem_alloc(3 * MiB)

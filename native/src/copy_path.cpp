@@ -6,6 +6,7 @@
 #include "driver.hpp"
 #include "engine.hpp"
 #include "env.hpp"
+#include "host_copy.hpp"
 #include "mapped_copy.hpp"
 #include "plan.hpp"
 #include "rate_guard.hpp"
@@ -16,24 +17,6 @@ namespace {
 std::atomic<bool> g_disabled{false};
 std::atomic<bool> g_forked{false};
 std::atomic<bool> g_prepared_early{false};
-
-// The process's first copy that is not staged (pinned, or below the plan's minimum) starts the
-// current context's staging setup in the background (engine_prepare), unless the plan stages
-// nothing: libraries that stage their own copies (CuPy, safetensors, JAX) and loaders that make
-// small copies first (Hugging Face) then find it ready for their first pageable copies. (H100,
-// 2026-12-06: CuPy's 1 GiB get() and every copy of a from_pretrained went to the driver while it
-// was made.) After the first, one load.
-void prepare_early(CUcontext ctx = nullptr) {
-  if (g_prepared_early.load(std::memory_order_relaxed)) return;
-  if (!active_plan().stages_device_copies()) {
-    g_prepared_early.store(true, std::memory_order_relaxed);
-    return;
-  }
-  const Driver& d = driver();
-  if (!ctx && (!d.ok || d.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS)) return;
-  if (!ctx || g_prepared_early.exchange(true, std::memory_order_acq_rel)) return;
-  engine_prepare(ctx);
-}
 
 struct PointerInfo {
   unsigned int memory_type = 0;  // 0: not known to CUDA (pageable host memory)
@@ -89,7 +72,7 @@ Outcome decide_and_copy(const CopyCall& call, CUresult* result, HostKind* kind) 
   } else {
     const Rule& rule = active_plan().lookup(call.dir, call.bytes);
     if (rule.pass || call.bytes == 0) {
-      prepare_early();
+      prepare_staging_early(nullptr);
       return Outcome::BelowMinimum;
     }
     settings = rule.settings;
@@ -105,7 +88,7 @@ Outcome decide_and_copy(const CopyCall& call, CUresult* result, HostKind* kind) 
   *kind = kind_of(host);
   if (host.managed) return Outcome::ManagedMemory;
   if (host.memory_type == CU_MEMORYTYPE_HOST) {
-    prepare_early(ctx);
+    prepare_staging_early(ctx);
     return Outcome::PinnedHost;
   }
   if (host.memory_type != 0) return Outcome::NotHostDevice;
@@ -189,6 +172,26 @@ HostKind classify_host(const void* host) {
   PointerInfo info;
   if (!d.ok || !query_pointer(d, reinterpret_cast<CUdeviceptr>(host), &info)) return HostKind::Unknown;
   return kind_of(info);
+}
+
+// The process's first context, or its first copy that is not staged (pinned, or below the plan's
+// minimum), starts the context's staging setup in the background (engine_prepare), unless the plan
+// stages nothing: libraries that stage their own copies (CuPy, safetensors, JAX) and loaders that
+// make small copies first (Hugging Face) then find it ready for their first pageable copies. (H100,
+// 2026-12-06: CuPy's 1 GiB get() and every copy of a from_pretrained went to the driver while it
+// was made; 2026-12-07: a from_pretrained's setup, started by its first copies, took 96-120 ms
+// while those copies held the driver, and all 30 went to it.) After the first, one load.
+void prepare_staging_early(CUcontext ctx) {
+  if (g_prepared_early.load(std::memory_order_relaxed)) return;
+  if (!active_plan().stages_device_copies()) {
+    g_prepared_early.store(true, std::memory_order_relaxed);
+    return;
+  }
+  if (copies_disabled() || in_forked_child() || inside_cmt()) return;
+  const Driver& d = driver();
+  if (!ctx && (!d.ok || d.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS)) return;
+  if (!ctx || g_prepared_early.exchange(true, std::memory_order_acq_rel)) return;
+  engine_prepare(ctx);
 }
 
 bool classify_uva(CUdeviceptr dst, CUdeviceptr src, Direction* dir) {

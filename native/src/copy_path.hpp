@@ -24,6 +24,10 @@ struct CopyCall {
 // it. Records the outcome in the statistics; *kind says what the host side was, when known.
 Outcome try_accelerate(const CopyCall& call, CUresult* result, HostKind* kind = nullptr);
 
+// Starts the staging setup of ctx (nullptr: the current context) in the background, once per
+// process: at its first context (hooks.cpp), or its first copy that cmt does not stage.
+void prepare_staging_early(CUcontext ctx);
+
 // The host side's kind, classified by the driver (for copies the decision did not classify).
 HostKind classify_host(const void* host);
 

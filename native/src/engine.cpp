@@ -104,11 +104,13 @@ constexpr size_t kPassWhenBusy = 4u << 20;
 // MiB, 430 ms, and CuPy's two 256 MiB get()s all went to the driver while the setup ran.
 // It does not wait where the setup will not be done by then at kSetupGBps (80 MiB of staging took
 // 41 ms to set up, 1.9 GB/s, on the H100 host of 2026-12-06 when one thread faulted it in; 33.6 ms,
-// 2.5 GB/s, on the H200 when several did, staging_ring.cpp).
+// 2.5 GB/s, on the H200 when several did, staging_ring.cpp), or at kRegisterGBps where the staging
+// was faulted in ahead (staging_memory.hpp: 112 MiB registered in 6.9-7.1 ms, H100, 2026-12-07).
 constexpr size_t kWaitForSetupMinBytes = 4u << 20;
 constexpr uint64_t kSetupWaitBudgetNs = 40'000'000;
 constexpr double kAssumedDriverGBps = 12;
 constexpr double kSetupGBps = 2.5;
+constexpr double kRegisterGBps = 16;
 
 // A copy's settings as the engine uses them: within the engine's limits.
 size_t chunk_of(const Settings& st) { return std::clamp(static_cast<size_t>(st.chunk_bytes), kMinChunk, kMaxChunk); }
@@ -132,6 +134,7 @@ struct Pipeline {
   uint64_t setup_wait_left_ns = kSetupWaitBudgetNs;
   uint64_t setup_start_ns = 0;  // when its setup began
   uint64_t setup_bytes = 0;     // the staging its setup pins
+  uint64_t setup_expected_ns = 0;  // how long that should take (kSetupGBps, kRegisterGBps)
   uint64_t passed_bytes = 0;  // what its copies passed to the driver during the setup (pipelines_mutex_)
   StagingRing ring;
   DmaStreams dma;
@@ -229,6 +232,8 @@ bool Engine::make(CUcontext ctx, const std::optional<Settings>& first) {
   const Settings most = p->setup_settings();
   p->setup_start_ns = monotonic_ns();
   p->setup_bytes = static_cast<uint64_t>(buffers_of(most) + kSpareSlots) * chunk_of(most);
+  const double gbps = staging_faulted_ahead() ? kRegisterGBps : kSetupGBps;  // GB/s = bytes per ns
+  p->setup_expected_ns = static_cast<uint64_t>(static_cast<double>(p->setup_bytes) / gbps);
   p->passed_bytes = 0;
   pipelines_.push_back(p);
   g_preparing.fetch_add(1, std::memory_order_acq_rel);
@@ -312,7 +317,7 @@ bool Engine::may_wait_for_setup(Pipeline* p, const CopyRequest& req, uint64_t* d
   const bool copies_a_lot = p->passed_bytes >= p->setup_bytes;
   const uint64_t share = copies_a_lot ? p->setup_wait_left_ns
       : std::min(static_cast<uint64_t>(static_cast<double>(req.bytes) / gbps / 2), p->setup_wait_left_ns);
-  const uint64_t expected = static_cast<uint64_t>(static_cast<double>(p->setup_bytes) / kSetupGBps);
+  const uint64_t expected = p->setup_expected_ns;
   const uint64_t elapsed = now - p->setup_start_ns;
   if (expected > elapsed && expected - elapsed > share) return false;  // not done by then
   p->setup_wait_left_ns -= share;

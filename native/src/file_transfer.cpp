@@ -192,10 +192,13 @@ ContextScope::~ContextScope() {
   if (swapped_) d_.cuCtxSetCurrent(prev_);
 }
 
+// 4 buffers: a fresh process's first warm 3.6 GiB read took 88-91 ms with 4 against 102-114 with 8
+// (the setup faults in and registers 48 MiB, not 80), and later reads 70-71 ms with either (H100,
+// 2026-12-07, research/load_setup.py).
 Settings io_default_settings() {
   Settings s;
   s.threads = std::clamp<long>(usable_cpus(), 1, 16);
-  s.buffers = 8;
+  s.buffers = 4;
   s.chunk_bytes = int64_t(8) << 20;
   s.stores = 0;
   return s;

@@ -118,13 +118,17 @@ CUresult intercept_uva(EntryId id, CUdeviceptr dst, CUdeviceptr src, size_t n, C
 // ---- calls that start or end a context ---------------------------------------------------------
 
 // The device's staging starts being faulted in first: the driver's making of the context (100 ms or
-// more) and the faulting run side by side (engine_context_starting).
+// more) and the faulting run side by side (engine_context_starting). Once the process has its first
+// context, the setup registers that staging in the background, before the program's first copies
+// (which would hold the driver meanwhile).
 #define WRAP_PRIMARY_RETAIN(name)                                                 \
   extern "C" API_EXPORT CUresult name(CUcontext* pctx, CUdevice dev) {             \
     auto f = reinterpret_cast<CUresult (*)(CUcontext*, CUdevice)>(real_entry(EntryId::name)); \
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                     \
     engine_context_starting(dev);                                                  \
-    return f(pctx, dev);                                                           \
+    const CUresult r = f(pctx, dev);                                               \
+    if (r == CUDA_SUCCESS && pctx) prepare_staging_early(*pctx);                   \
+    return r;                                                                      \
   }
 
 namespace {

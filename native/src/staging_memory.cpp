@@ -62,6 +62,7 @@ struct Reserve {
   size_t bytes = 0;
   int todo = 0;                  // slots no thread has started on
   int pending = 0;               // slots not yet faulted in (todo, and those being faulted)
+  int faulted = 0;               // slots faulted in
   std::vector<void*> ready;
   bool closed = false;           // taken by a setup, let go, or forgotten in a forked child
 };
@@ -69,6 +70,7 @@ struct Reserve {
 std::mutex g_mutex;
 std::condition_variable g_changed;
 Reserve* g_reserves[kMaxReserves] = {};
+bool g_any_reserve = false;
 
 void unmap_all(const std::vector<void*>& regions, size_t bytes) {
   for (void* p : regions) munmap(p, bytes);
@@ -94,14 +96,15 @@ void fill(Reserve* r, CUdevice dev) {
       void* p = map_populated(r->bytes);
       std::lock_guard<std::mutex> lock(g_mutex);
       --r->pending;
+      if (p) ++r->faulted;
       if (p && r->closed) munmap(p, r->bytes);
       else if (p) r->ready.push_back(p);
       g_changed.notify_all();
     }
   });
   std::unique_lock<std::mutex> lock(g_mutex);
-  log::write(log::Level::Debug, "staging for device %d faulted in ahead: %zu slots of %zu bytes in %.1f ms",
-             static_cast<int>(dev), r->ready.size(), r->bytes, static_cast<double>(monotonic_ns() - t0) / 1e6);
+  log::write(log::Level::Debug, "staging for device %d faulted in ahead: %d slots of %zu bytes in %.1f ms",
+             static_cast<int>(dev), r->faulted, r->bytes, static_cast<double>(monotonic_ns() - t0) / 1e6);
   const long hold = env().test_reserve_hold_ms >= 0 ? env().test_reserve_hold_ms : kReserveHoldMs;
   g_changed.wait_for(lock, std::chrono::milliseconds(hold), [r] { return r->closed; });
   if (r->closed) return;
@@ -152,7 +155,8 @@ void staging_reserve_start(CUdevice dev, int slots, size_t bytes) {
   Reserve* r = nullptr;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
-    if (g_reserves[dev]) return;  // once per device
+    if (g_any_reserve) return;  // once per process, as the early setup (copy_path.hpp)
+    g_any_reserve = true;
     r = g_reserves[dev] = new Reserve();  // never freed: a late setup may still look at it
     r->bytes = bytes;
     r->todo = r->pending = slots;
@@ -164,6 +168,14 @@ void staging_reserve_start(CUdevice dev, int slots, size_t bytes) {
     r->closed = true;
     r->todo = r->pending = 0;
   }
+}
+
+bool staging_faulted_ahead() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (const Reserve* r : g_reserves) {
+    if (r && !r->closed) return true;
+  }
+  return false;
 }
 
 int map_staging(void** mem, int n, size_t bytes, int dev) {

@@ -13,9 +13,11 @@
 
 namespace cmt {
 
-// Starts faulting in `slots` slots of `bytes` for `dev` in the background (once per device and
-// process). Called before the driver makes the device's primary context; does nothing where
-// staging would not be registered (no cuMemHostRegister), in a forked child or inside cmt.
+// Starts faulting in `slots` slots of `bytes` for `dev` in the background, once per process (for
+// its first primary context, whose setup starts once it is made: copy_path.hpp; a process that
+// retains 8 GPUs' contexts does not fault in 8 rings it may not use). Called before the driver makes
+// the context; does nothing where staging would not be registered (no cuMemHostRegister), in a
+// forked child or inside cmt.
 void staging_reserve_start(CUdevice dev, int slots, size_t bytes);
 
 // Fills mem[0..n) with mapped, faulted-in regions of `bytes` (MADV_DONTFORK): first from `dev`'s
@@ -23,6 +25,9 @@ void staging_reserve_start(CUdevice dev, int slots, size_t bytes);
 // several threads; nullptr where memory could not be mapped. Returns how many came from the reserve.
 // The first call for a device closes its reserve: what it did not take is unmapped.
 int map_staging(void** mem, int n, size_t bytes, int dev);
+
+// Whether staging was faulted in ahead in this process (a setup then mostly registers it).
+bool staging_faulted_ahead();
 
 // A forked child has none of the reserves' pages (MADV_DONTFORK): it forgets them.
 void staging_reserve_forget_after_fork();

@@ -30,7 +30,14 @@ from fake_cuda.fake_client import (
 )
 
 drv = Driver("libcuda.so.1")
-ctx = drv.init_primary(0)
+if os.environ.get("SERVER_CONTEXT") == "created":
+    # A context of its own (cuCtxCreate): cmt sets its staging up at its first copy, where a
+    # primary context's retain starts it at once (what the tests of copies during a setup need).
+    drv.init()
+    ctx = drv.ctx_create(0)
+    drv.ctx_set_current(ctx)
+else:
+    ctx = drv.init_primary(0)
 _cmt = ctypes.CDLL(None)  # the preloaded library answers through the global scope
 
 
@@ -546,8 +553,14 @@ def fork(req: dict) -> dict:
     return {"child": child, "parent": parent}
 
 
+def retain(req: dict) -> dict:
+    """Retains a device's primary context (cuDevicePrimaryCtxRetain), as a runtime does."""
+    drv.primary_ctx(req.get("device", 0))
+    return {}
+
+
 def main() -> None:
-    handlers = {"roundtrip": roundtrip, "ordering": ordering, "concurrent": concurrent, "call": call,
+    handlers = {"retain": retain, "roundtrip": roundtrip, "ordering": ordering, "concurrent": concurrent, "call": call,
                 "fork": fork, "multi_device": multi_device, "legacy_during_capture": legacy_during_capture,
                 "overlap": overlap, "timed_copies": timed_copies, "hold": hold, "held": held, "node_lanes": node_lanes,
                 "counts": counts, "one_way": one_way, "context_ends": context_ends, "threads": threads,

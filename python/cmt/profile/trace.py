@@ -35,11 +35,12 @@ def _meta(kind: str, pid: int, tid: int, args: dict[str, Any]) -> dict[str, Any]
 
 
 def build(rec: Recording) -> dict[str, Any]:
-    c, pins = rec.copies(), rec.pin_calls()
+    c, pins, setups = rec.copies(), rec.pin_calls(), rec.setups()
     t0 = min((p.monotonic_ns for p in rec.processes), default=0)
     for calls in (c, pins):
         if len(calls):
             t0 = min(t0, int(calls.start_ns.min()))
+    t0 = min([t0] + [st["start_ns"] for st in setups])  # a setup may start before every copy
     events: list[dict[str, Any]] = []
     for p in rec.processes:
         name = " ".join(p.argv[:2]) or "process"
@@ -94,7 +95,7 @@ def build(rec: Recording) -> dict[str, Any]:
                        "args": {"bytes": int(pins.bytes[i]), "caller": str(pins.caller[i]),
                                 "call_site": f"{int(pins.stream[i]):#x}", "result": int(pins.result[i])}})
         thread_track(pid, tid)
-    for k, st in enumerate(rec.setups()):  # on a track of their own: the setup thread is cmt's
+    for k, st in enumerate(setups):  # on a track of their own: the setup thread is cmt's
         stid = _SETUP_TID_BASE + k
         events.append(_meta("thread_name", st["pid"], stid, {"name": "cmt staging setup"}))
         events.append({"name": f"setup {fmt_bytes(st['bytes'])}", "cat": "setup", "ph": "X",
