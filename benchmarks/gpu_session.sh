@@ -29,9 +29,10 @@
 #            frameworks-profile.txt)
 #   setup    the engine's setup under CMT_LOG=debug: research/load_setup.py (where a warm
 #            cmt.io.load_safetensors spends its time; then a fresh process's first load with 4 and 8
-#            staging buffers, twice each, and with 8 twice under cmt run), then the quick hf-load and cupy
+#            staging buffers, twice each, warm and cold, and with 8 twice under cmt run), then the quick hf-load and cupy
 #            workloads twice each under cmt run with CMT_STATS, with staging faulted in ahead and without
 #            (after frameworks, whose files they reuse)                 (-> setup-debug.txt)
+#   jax      research/jax_asarray.py plain and under cmt run: np.asarray's time and page faults (-> jax-asarray.txt)
 #   models   cmt bench workloads of the model-load family (every loader warm and cold, the C++ loader);
 #            QUICK=1 for the 0.5 GB model; CACHE=warm or cold for half (the whole family at 3.9 GB may
 #            not fit one call); ONLY=NAME,... for those workloads     (-> workloads.json)
@@ -94,6 +95,7 @@ for mode in "${modes[@]}"; do
     setup) mkdir -p /tmp/cmt-io /tmp/cmt-fw
            { CMT_LOG=debug timeout 100 python3 research/load_setup.py /tmp/cmt-io
              for b in 4 8 4 8; do CMT_LOG=debug timeout 60 python3 research/load_setup.py /tmp/cmt-io --first-buffers $b; done
+             for b in 4 8 4 8; do CMT_LOG=debug timeout 60 python3 research/load_setup.py /tmp/cmt-io --first-buffers $b --cold; done
              for b in 8 8; do echo "== under cmt run"  # its staging faulted in while the context is made
                CMT_LOG=debug timeout 60 python3 -m cmt run -- python3 research/load_setup.py /tmp/cmt-io --first-buffers $b; done
              for w in hf-load cupy hf-load cupy; do
@@ -106,11 +108,13 @@ for mode in "${modes[@]}"; do
                done
              done; } > "$OUT/setup-debug.txt" 2>&1
            grep -E "set up|ahead|waits|inner|==|warming|accelerated|buffers" "$OUT/setup-debug.txt" | cut -c1-200 ;;
+    jax) { timeout 100 python3 research/jax_asarray.py; timeout 100 python3 -m cmt run -- python3 research/jax_asarray.py; } \
+           2>&1 | grep -v "^cmt\[" | tee "$OUT/jax-asarray.txt" ;;
     models) only=${ONLY:-$(python3 -c 'import os; from cmt.bench import workloads as w; c = os.environ.get("CACHE", "")
 print(",".join(n for n in w.names() if n.startswith("model-load") and n.endswith(c)))')}
             COLUMNS=150 timeout 540 python3 -m cmt bench workloads --only "$only" ${QUICK:+--quick} --out "$OUT" 2>&1 |
               tail -40 ;;
-    *) echo "unknown mode $mode (install, tests, core, firstuse, copy, load, doctor, io, ioacc, streamcheck, coldread, turns, frameworks, setup, models, all)"; false ;;
+    *) echo "unknown mode $mode (install, tests, core, firstuse, copy, load, doctor, io, ioacc, streamcheck, coldread, turns, frameworks, setup, jax, models, all)"; false ;;
   esac || { status=1; echo "== $mode failed"; }
 done
 ls -l "$OUT"
