@@ -112,7 +112,7 @@ for mode in "${modes[@]}"; do
            2>&1 | grep -v "^cmt\[" | tee "$OUT/jax-asarray.txt" ;;
     models) only=${ONLY:-$(python3 -c 'import os; from cmt.bench import workloads as w; c = os.environ.get("CACHE", "")
 print(",".join(n for n in w.names() if n.startswith("model-load") and n.endswith(c)))')}
-            COLUMNS=150 timeout 540 python3 -m cmt bench workloads --only "$only" ${QUICK:+--quick} --out "$OUT" 2>&1 |
+            COLUMNS=150 timeout 540 python3 -m cmt bench workloads --only "$only" ${QUICK:+--quick} ${ROUNDS:+--rounds $ROUNDS} --out "$OUT" 2>&1 |
               tail -40 ;;
     *) echo "unknown mode $mode (install, tests, core, firstuse, copy, load, doctor, io, ioacc, streamcheck, coldread, turns, frameworks, setup, jax, models, all)"; false ;;
   esac || { status=1; echo "== $mode failed"; }
