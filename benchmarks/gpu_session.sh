@@ -32,7 +32,8 @@
 #            staging buffers, twice each, warm and cold, and with 8 twice under cmt run), then the quick hf-load and cupy
 #            workloads twice each under cmt run with CMT_STATS, with staging faulted in ahead and without
 #            (after frameworks, whose files they reuse)                 (-> setup-debug.txt)
-#   jax      research/jax_asarray.py plain and under cmt run: np.asarray's time and page faults (-> jax-asarray.txt)
+#   jax      research/jax_asarray.py plain and under cmt run, each also with glibc's malloc on huge pages,
+#            then under cmt profile: np.asarray's time, page faults and pinning calls (-> jax-asarray.txt)
 #   models   cmt bench workloads of the model-load family (every loader warm and cold, the C++ loader);
 #            QUICK=1 for the 0.5 GB model; CACHE=warm or cold for half (the whole family at 3.9 GB may
 #            not fit one call); ONLY=NAME,... for those workloads     (-> workloads.json)
@@ -108,7 +109,12 @@ for mode in "${modes[@]}"; do
                done
              done; } > "$OUT/setup-debug.txt" 2>&1
            grep -E "set up|ahead|waits|inner|==|warming|accelerated|buffers" "$OUT/setup-debug.txt" | cut -c1-200 ;;
-    jax) { timeout 100 python3 research/jax_asarray.py; timeout 100 python3 -m cmt run -- python3 research/jax_asarray.py; } \
+    jax) { timeout 100 python3 research/jax_asarray.py; timeout 100 python3 -m cmt run -- python3 research/jax_asarray.py
+           # glibc's malloc on transparent huge pages (XLA's fresh host buffer faults in 4 KiB at a time)
+           echo "== GLIBC_TUNABLES=glibc.malloc.hugetlb=1"; export GLIBC_TUNABLES=glibc.malloc.hugetlb=1
+           timeout 100 python3 research/jax_asarray.py; timeout 100 python3 -m cmt run -- python3 research/jax_asarray.py
+           unset GLIBC_TUNABLES
+           COLUMNS=150 timeout 100 python3 -m cmt profile -- python3 research/jax_asarray.py; } \
            2>&1 | grep -v "^cmt\[" | tee "$OUT/jax-asarray.txt" ;;
     models) only=${ONLY:-$(python3 -c 'import os; from cmt.bench import workloads as w; c = os.environ.get("CACHE", "")
 print(",".join(n for n in w.names() if n.startswith("model-load") and n.endswith(c)))')}
