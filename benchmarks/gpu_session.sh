@@ -33,6 +33,7 @@
 #            workloads twice each under cmt run with CMT_STATS, with staging faulted in ahead and without
 #            (after frameworks, whose files they reuse)                 (-> setup-debug.txt)
 #   jax      research/jax_asarray.py plain and under cmt run, each also with glibc's malloc on huge pages,
+#            then with research/large_calls_probe.c (which large memset/memcpy/allocation takes the faults),
 #            then under cmt profile: np.asarray's time, page faults and pinning calls (-> jax-asarray.txt)
 #   models   cmt bench workloads of the model-load family (every loader warm and cold, the C++ loader);
 #            QUICK=1 for the 0.5 GB model; CACHE=warm or cold for half (the whole family at 3.9 GB may
@@ -114,6 +115,8 @@ for mode in "${modes[@]}"; do
            echo "== GLIBC_TUNABLES=glibc.malloc.hugetlb=1"; export GLIBC_TUNABLES=glibc.malloc.hugetlb=1
            timeout 100 python3 research/jax_asarray.py; timeout 100 python3 -m cmt run -- python3 research/jax_asarray.py
            unset GLIBC_TUNABLES
+           echo "== large-calls probe"; gcc -O2 -shared -fPIC -o /tmp/probe.so research/large_calls_probe.c -ldl -lpthread &&
+             LD_PRELOAD=/tmp/probe.so timeout 100 python3 research/jax_asarray.py
            COLUMNS=150 timeout 100 python3 -m cmt profile -- python3 research/jax_asarray.py; } \
            2>&1 | grep -v "^cmt\[" | tee "$OUT/jax-asarray.txt" ;;
     models) only=${ONLY:-$(python3 -c 'import os; from cmt.bench import workloads as w; c = os.environ.get("CACHE", "")
