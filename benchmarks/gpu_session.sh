@@ -29,7 +29,8 @@
 #            frameworks-profile.txt)
 #   setup    the engine's setup under CMT_LOG=debug: research/load_setup.py (where a warm
 #            cmt.io.load_safetensors spends its time; then a fresh process's first load with 4 and 8
-#            staging buffers, twice each, warm and cold, and with 8 twice under cmt run), then the quick hf-load and cupy
+#            staging buffers, twice each, warm and cold, with 4 on huge pages (test hook staging_thp=1), and
+#            with 8 twice under cmt run), then the quick hf-load and cupy
 #            workloads twice each under cmt run with CMT_STATS, with staging faulted in ahead and without
 #            (after frameworks, whose files they reuse)                 (-> setup-debug.txt)
 #   jax      research/jax_asarray.py plain and under cmt run, each also with glibc's malloc on huge pages,
@@ -98,6 +99,8 @@ for mode in "${modes[@]}"; do
            { CMT_LOG=debug timeout 100 python3 research/load_setup.py /tmp/cmt-io
              for b in 4 8 4 8; do CMT_LOG=debug timeout 60 python3 research/load_setup.py /tmp/cmt-io --first-buffers $b; done
              for b in 4 8 4 8; do CMT_LOG=debug timeout 60 python3 research/load_setup.py /tmp/cmt-io --first-buffers $b --cold; done
+             for b in 4 4; do echo "== staging on huge pages"
+               CMT_TEST_HOOKS=staging_thp=1 CMT_LOG=debug timeout 60 python3 research/load_setup.py /tmp/cmt-io --first-buffers $b; done
              for b in 8 8; do echo "== under cmt run"  # its staging faulted in while the context is made
                CMT_LOG=debug timeout 60 python3 -m cmt run -- python3 research/load_setup.py /tmp/cmt-io --first-buffers $b; done
              for w in hf-load cupy hf-load cupy; do
