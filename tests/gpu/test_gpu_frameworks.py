@@ -235,3 +235,21 @@ def test_copies_after_a_device_reset_are_staged_again_and_exact():
     """, env={"CMT_TEST_HOOKS": "wait_setup=1"})  # copies wait for each pipeline's setup: 9 staged each way
     assert "OK after reset" in proc.stdout
     assert accelerated(proc.stderr, "h2d") >= 6 and accelerated(proc.stderr, "d2h") >= 6, proc.stderr
+
+
+def test_a_torch_program_s_first_copy_finds_the_staging_set_up_with_its_context():
+    """The program's very first CUDA call is a 256 MiB pageable copy: cudart makes the primary
+    context inside it (cuDevicePrimaryCtxRetain, wrapped: the staging is faulted in meanwhile and
+    registered once the context exists), and the copy, which may wait for that a bounded while, is
+    staged; every byte checked. No wait_setup hook: as in real programs."""
+    _need("torch")
+    proc = run_python("""
+        import torch
+        host = torch.randint(0, 256, (256 << 20,), dtype=torch.uint8)
+        gpu = host.to('cuda')                       # the process's first CUDA call
+        assert torch.equal(gpu.cpu(), host)
+        print('OK first copy')
+    """, env={"CMT_LOG": "debug"})
+    assert "OK first copy" in proc.stdout
+    assert "faulted in ahead:" in proc.stderr, proc.stderr
+    assert accelerated(proc.stderr, "h2d") >= 1, proc.stderr
