@@ -250,3 +250,15 @@ def test_staging_on_huge_pages_copies_every_byte(fake_driver_dir):
         for r in done:
             assert r["device_ok"] and r["host_ok"], context
             assert outcome(r, "h2d") == {"accelerated": 1} and outcome(r, "d2h") == {"accelerated": 1}, context
+
+
+def test_a_refused_retain_faults_nothing_in_and_keeps_the_driver_s_answer(fake_driver_dir):
+    # A retain of a device the driver does not have is refused as without cmt, and faults no staging
+    # in; the process's first real primary context still gets its staging ahead.
+    s = CopyServer(fake_driver_dir, **CREATED, CMT_PLAN=_tiny_plan(), CMT_LOG="debug")
+    refused = s("retain", device=9)
+    s("retain", device=0)
+    time.sleep(0.5)
+    log = s.close()
+    assert refused["rc"] == 101, refused  # CUDA_ERROR_INVALID_DEVICE
+    assert log.count("faulted in ahead:") == 1 and "staging for device 0 faulted in ahead" in log, log

@@ -125,7 +125,7 @@ CUresult intercept_uva(EntryId id, CUdeviceptr dst, CUdeviceptr src, size_t n, C
   extern "C" API_EXPORT CUresult name(CUcontext* pctx, CUdevice dev) {             \
     auto f = reinterpret_cast<CUresult (*)(CUcontext*, CUdevice)>(real_entry(EntryId::name)); \
     if (!f) return CUDA_ERROR_NOT_INITIALIZED;                                     \
-    engine_context_starting(dev);                                                  \
+    if (pctx) engine_context_starting(dev);                                        \
     const CUresult r = f(pctx, dev);                                               \
     if (r == CUDA_SUCCESS && pctx) prepare_staging_early(*pctx);                   \
     return r;                                                                      \

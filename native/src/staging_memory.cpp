@@ -169,7 +169,10 @@ int take_reserved(void** mem, int n, size_t bytes, int dev) {
 
 void staging_reserve_start(CUdevice dev, int slots, size_t bytes) {
   if (dev < 0 || dev >= kMaxReserves || slots <= 0 || bytes == 0 || !env().test_reserve) return;
-  if (inside_cmt() || in_forked_child() || copies_disabled() || !driver().cuMemHostRegister) return;
+  const Driver& d = driver();
+  if (inside_cmt() || in_forked_child() || copies_disabled() || !d.cuMemHostRegister) return;
+  char bus[32];  // a device the driver knows (the retain of another is refused anyway)
+  if (!d.cuDeviceGetPCIBusId || d.cuDeviceGetPCIBusId(bus, sizeof bus, dev) != CUDA_SUCCESS) return;
   Reserve* r = nullptr;
   {
     std::lock_guard<std::mutex> lock(g_mutex);

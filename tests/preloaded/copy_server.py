@@ -554,9 +554,10 @@ def fork(req: dict) -> dict:
 
 
 def retain(req: dict) -> dict:
-    """Retains a device's primary context (cuDevicePrimaryCtxRetain), as a runtime does."""
-    drv.primary_ctx(req.get("device", 0))
-    return {}
+    """Retains a device's primary context (cuDevicePrimaryCtxRetain), as a runtime does: the driver's
+    result."""
+    c = ctypes.c_void_p()
+    return {"rc": drv.call("cuDevicePrimaryCtxRetain", ctypes.byref(c), req.get("device", 0))}
 
 
 def main() -> None:
