@@ -57,3 +57,15 @@ def test_one_node_places_nothing(fake_driver_dir, tmp_path):
     workers = _workers(s)
     s.close()
     assert workers and all(w == cpus for w in workers), workers
+
+
+def test_staging_is_faulted_in_ahead_for_any_device_only_on_one_node(run_python, tmp_path):
+    # `import cmt.io` faults the first transfer's staging in before any device is known: only where
+    # there is one node, since the pages would stay on whichever node the importing thread ran on.
+    cpus = sorted(os.sched_getaffinity(0))
+    code = "import time, cmt.io; time.sleep(0.5)"
+    for node_cpus, expected in (([cpus[0]], True), ([cpus[0], cpus[0]], False)):
+        tree = _sysfs(tmp_path / f"sys{len(node_cpus)}", node_cpus, 0)
+        proc = run_python(code, env={"CMT_LOG": "debug", "CMT_TEST_HOOKS": f"sysfs={tree}"})
+        assert proc.returncode == 0, proc.stderr
+        assert ("staging for any device faulted in ahead" in proc.stderr) == expected, proc.stderr

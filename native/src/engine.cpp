@@ -349,7 +349,7 @@ void Engine::prepare(Pipeline* p) {
     CUdevice dev = 0;
     if (d.cuCtxGetDevice(&dev) == CUDA_SUCCESS) {
       p->place = numa_place_for(dev);
-      p->ring.set_device(dev);  // its staging may have been faulted in ahead (staging_memory.hpp)
+      p->ring.set_device(dev, !p->place.placed());  // its staging may be faulted in ahead (staging_memory.hpp)
     }
     numa_move_setup_thread(p->place);  // before the ring: its pinned pages come from the GPU's node
     if (p->place.placed()) p->run.place = &p->place;

@@ -74,6 +74,12 @@ const cpu_set_t& home_cpus() {  // where the process's threads may run: the main
 
 }  // namespace
 
+bool numa_one_node() {
+  const std::string root = env().test_sysfs.empty() ? "/sys" : env().test_sysfs;
+  cpu_set_t nodes;
+  return parse_list(read_line(root + "/devices/system/node/online"), &nodes) < 2;
+}
+
 NumaPlace numa_place_for(CUdevice dev) {
   NumaPlace place;
   const Driver& d = driver();

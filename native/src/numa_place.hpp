@@ -20,6 +20,8 @@ struct NumaPlace {
   bool placed() const { return node >= 0; }
 };
 
+// Whether the machine has one NUMA node (or says nothing of its nodes): nothing is placed then.
+bool numa_one_node();
 // The place of a device's pipeline (its node and CPUs), or an unplaced one.
 NumaPlace numa_place_for(CUdevice dev);
 // The calling thread runs on the place's CPUs and prefers its node for new memory (the setup

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <new>
+#include <string>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -85,19 +86,23 @@ struct Reserve {
   bool closed = false;           // taken by a setup, let go, or forgotten in a forked child
 };
 
-std::mutex g_mutex;
-std::condition_variable g_changed;
-Reserve* g_reserves[kMaxReserves] = {};
-bool g_any_reserve = false;
+// Never destroyed: a reserve's thread may still wait on them while the process exits.
+std::mutex& g_mutex = *new std::mutex();
+std::condition_variable& g_changed = *new std::condition_variable();
+constexpr int kAnySlot = kMaxReserves;  // the reserve for any device (kAnyDevice)
+Reserve* g_reserves[kMaxReserves + 1] = {};
+bool g_device_reserve = false;  // one reserve for a device per process
 
 void unmap_all(const std::vector<void*>& regions, size_t bytes) {
   for (void* p : regions) munmap(p, bytes);
 }
 
+std::string device_name(CUdevice dev) { return dev == kAnyDevice ? "any device" : "device " + std::to_string(dev); }
+
 // The reserve's own thread: faults the slots in with helpers, then keeps them for a setup a while.
 void fill(Reserve* r, CUdevice dev) {
   mark_cmt_thread();
-  numa_move_setup_thread(numa_place_for(dev));  // its pages on the GPU's node, as the setup's would be
+  if (dev != kAnyDevice) numa_move_setup_thread(numa_place_for(dev));  // on the GPU's node, as the setup's
   const uint64_t t0 = monotonic_ns();
   int slots = 0;
   {
@@ -121,8 +126,8 @@ void fill(Reserve* r, CUdevice dev) {
     }
   });
   std::unique_lock<std::mutex> lock(g_mutex);
-  log::write(log::Level::Debug, "staging for device %d faulted in ahead: %d slots of %zu bytes in %.1f ms",
-             static_cast<int>(dev), r->faulted, r->bytes, static_cast<double>(monotonic_ns() - t0) / 1e6);
+  log::write(log::Level::Debug, "staging for %s faulted in ahead: %d slots of %zu bytes in %.1f ms",
+             device_name(dev).c_str(), r->faulted, r->bytes, static_cast<double>(monotonic_ns() - t0) / 1e6);
   const long hold = env().test_reserve_hold_ms >= 0 ? env().test_reserve_hold_ms : kReserveHoldMs;
   g_changed.wait_for(lock, std::chrono::milliseconds(hold), [r] { return r->closed; });
   if (r->closed) return;
@@ -131,20 +136,19 @@ void fill(Reserve* r, CUdevice dev) {
   left.swap(r->ready);
   lock.unlock();
   unmap_all(left, r->bytes);
-  log::write(log::Level::Debug, "no setup took the staging faulted in ahead for device %d within %ld ms: let go",
-             static_cast<int>(dev), hold);
+  log::write(log::Level::Debug, "no setup took the staging faulted in ahead for %s within %ld ms: let go",
+             device_name(dev).c_str(), hold);
 }
 
-// Up to n of dev's reserved slots of `bytes` into mem, waiting for those still being faulted in;
-// closes the reserve (what is left is unmapped).
-int take_reserved(void** mem, int n, size_t bytes, int dev) {
-  if (dev < 0 || dev >= kMaxReserves) return 0;
+// Up to n of the reserved slots of `bytes` in g_reserves[slot] into mem, waiting for those still
+// being faulted in; closes the reserve (what is left is unmapped).
+int take_reserved(void** mem, int n, size_t bytes, int slot) {
   std::vector<void*> left;
   int got = 0;
   size_t left_bytes = 0;
   {
     std::unique_lock<std::mutex> lock(g_mutex);
-    Reserve* r = g_reserves[dev];
+    Reserve* r = g_reserves[slot];
     if (!r || r->closed) return 0;
     if (r->bytes == bytes) {
       for (;;) {
@@ -168,17 +172,25 @@ int take_reserved(void** mem, int n, size_t bytes, int dev) {
 }  // namespace
 
 void staging_reserve_start(CUdevice dev, int slots, size_t bytes) {
-  if (dev < 0 || dev >= kMaxReserves || slots <= 0 || bytes == 0 || !env().test_reserve) return;
-  const Driver& d = driver();
-  if (inside_cmt() || in_forked_child() || copies_disabled() || !d.cuMemHostRegister) return;
-  char bus[32];  // a device the driver knows (the retain of another is refused anyway)
-  if (!d.cuDeviceGetPCIBusId || d.cuDeviceGetPCIBusId(bus, sizeof bus, dev) != CUDA_SUCCESS) return;
+  const bool any = dev == kAnyDevice;
+  if ((!any && (dev < 0 || dev >= kMaxReserves)) || slots <= 0 || bytes == 0 || !env().test_reserve) return;
+  if (inside_cmt() || in_forked_child() || copies_disabled()) return;
+  if (any && !numa_one_node()) return;  // its pages would sit on whichever node this thread is on
+  if (!any) {
+    const Driver& d = driver();
+    char bus[32];  // a device the driver knows (the retain of another is refused anyway)
+    if (!d.cuMemHostRegister || !d.cuDeviceGetPCIBusId ||
+        d.cuDeviceGetPCIBusId(bus, sizeof bus, dev) != CUDA_SUCCESS) {
+      return;
+    }
+  }
   Reserve* r = nullptr;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
-    if (g_any_reserve) return;  // once per process, as the early setup (copy_path.hpp)
-    g_any_reserve = true;
-    r = g_reserves[dev] = new Reserve();  // never freed: a late setup may still look at it
+    const int slot = any ? kAnySlot : dev;
+    if (any ? g_reserves[kAnySlot] != nullptr : g_device_reserve) return;  // once per process
+    if (!any) g_device_reserve = true;
+    r = g_reserves[slot] = new Reserve();  // never freed: a late setup may still look at it
     r->bytes = bytes;
     r->todo = r->pending = slots;
   }
@@ -199,8 +211,12 @@ bool staging_faulted_ahead() {
   return false;
 }
 
-int map_staging(void** mem, int n, size_t bytes, int dev) {
-  const int reserved = take_reserved(mem, n, bytes, dev);
+int map_staging(void** mem, int n, size_t bytes, int dev, bool any) {
+  int reserved = 0;
+  if (dev >= 0 && dev < kMaxReserves) {
+    reserved = take_reserved(mem, n, bytes, dev);
+    if (any) reserved += take_reserved(mem + reserved, n - reserved, bytes, kAnySlot);
+  }
   in_threads(n - reserved, [&](int t, int threads) {
     for (int i = reserved + t; i < n; i += threads) mem[i] = map_populated(bytes);
   });

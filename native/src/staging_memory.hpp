@@ -18,13 +18,17 @@ namespace cmt {
 // retains 8 GPUs' contexts does not fault in 8 rings it may not use). Called before the driver makes
 // the context; does nothing where staging would not be registered (no cuMemHostRegister), in a
 // forked child or inside cmt.
+// dev = kAnyDevice: for the first setup of whichever device, where the machine has one NUMA node
+// (`import cmt.io`, which need not load the driver: cmt_io_prepare); once per process too.
+constexpr CUdevice kAnyDevice = -1;
 void staging_reserve_start(CUdevice dev, int slots, size_t bytes);
 
 // Fills mem[0..n) with mapped, faulted-in regions of `bytes` (MADV_DONTFORK): first from `dev`'s
-// reserve (waiting for its slots still being faulted in; dev < 0: none), then newly mapped by
-// several threads; nullptr where memory could not be mapped. Returns how many came from the reserve.
-// The first call for a device closes its reserve: what it did not take is unmapped.
-int map_staging(void** mem, int n, size_t bytes, int dev);
+// reserve, then (`any`: the setup is not placed on a NUMA node) from the reserve for any device,
+// waiting for slots still being faulted in; then newly mapped by several threads; nullptr where
+// memory could not be mapped. dev < 0: no reserve. Returns how many came from reserves. A reserve
+// taken from is closed: what it did not give is unmapped.
+int map_staging(void** mem, int n, size_t bytes, int dev, bool any);
 
 // Whether staging was faulted in ahead in this process (a setup then mostly registers it).
 bool staging_faulted_ahead();

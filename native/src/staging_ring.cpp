@@ -85,7 +85,7 @@ bool StagingRing::ensure(int slots, size_t bytes, void (*before_each)()) {
   }
   void* mapped[kMaxSlots] = {};
   const uint64_t t = monotonic_ns();
-  if (d_.cuMemHostRegister) reserved_ += map_staging(mapped, granted, slot_bytes_, device_);
+  if (d_.cuMemHostRegister) reserved_ += map_staging(mapped, granted, slot_bytes_, device_, any_);
   map_ns_ += monotonic_ns() - t;
   for (int i = 0; i < granted; ++i) {
     if (!pin(d_, &slots_[count_], slot_bytes_, mapped[i], before_each, &pin_ns_)) {

@@ -58,8 +58,12 @@ class StagingRing {
   // the driver's part (registering, or cuMemHostAlloc, with the pauses before each).
   uint64_t map_ns() const { return map_ns_; }
   int reserved() const { return reserved_; }  // buffers whose pages were faulted in ahead
-  // The device whose staging faulted in ahead (staging_memory.hpp) the ring may take.
-  void set_device(int dev) { device_ = dev; }
+  // The device whose staging faulted in ahead (staging_memory.hpp) the ring may take; `any`: also
+  // the staging faulted in for any device (the ring is not placed on a NUMA node).
+  void set_device(int dev, bool any) {
+    device_ = dev;
+    any_ = any;
+  }
   uint64_t pin_ns() const { return pin_ns_; }
   // Which end of the slots the last device-to-host copy used (place_transfer turns it over).
   bool* flipped() { return &flipped_; }
@@ -72,6 +76,7 @@ class StagingRing {
   bool flipped_ = false;
   uint64_t map_ns_ = 0, pin_ns_ = 0;
   int device_ = -1;
+  bool any_ = false;
   int reserved_ = 0;
 };
 

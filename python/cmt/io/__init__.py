@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ._lib import counters, default_settings
+from ._lib import counters, default_settings, prepare
 from .batch import Batch, Completion
 from .buffers import DevicePointer
 from .errors import FileIOError
@@ -30,6 +30,9 @@ from .stream import StreamFuture
 
 __all__ = ["Batch", "Completion", "DevicePointer", "File", "FileIOError", "IOFuture", "SafetensorsError",
            "StreamFuture", "counters", "default_settings", "load_safetensors", "open", "safe_open"]
+
+
+prepare()  # the first transfer's staging is faulted in meanwhile (a setup then only registers it)
 
 
 def open(path: str | os.PathLike, mode: str = "r", settings: Any = None) -> File:  # noqa: A001

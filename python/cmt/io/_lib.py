@@ -8,6 +8,7 @@ from functools import cache
 from typing import Any
 
 from .. import native
+from ..errors import CmtError
 
 # cmt_io_result.status
 PENDING, OK, OS_ERROR, CUDA_ERROR, FILE_ENDED, BAD_DEVICE, BAD_REQUEST = -1, 0, 1, 2, 3, 4, 5
@@ -41,6 +42,7 @@ def lib() -> ctypes.CDLL:
         "cmt_io_attach": ([c_int, POINTER(c_int)], c_void_p),
         "cmt_io_detach": ([c_void_p], None),
         "cmt_io_default_settings": ([c_void_p], c_int),
+        "cmt_io_prepare": ([], None),
         "cmt_io_read": (_TRANSFER, c_int),
         "cmt_io_write": (_TRANSFER, c_int),
         "cmt_io_read_async": (_ASYNC, c_void_p),
@@ -68,6 +70,15 @@ def small_bytes() -> int:
     """Transfers of at most this many bytes go through a pinned bounce buffer of their own, many at
     once, rather than the engine (native/src/file_transfer.hpp, kSmallIoBytes)."""
     return int(lib().cmt_io_small_bytes())
+
+
+def prepare() -> None:
+    """Starts faulting in the staging of the process's first transfer, in the background (native
+    cmt_io_prepare); nothing where the library does not load (its first use says why)."""
+    try:
+        lib().cmt_io_prepare()
+    except (OSError, CmtError):
+        pass
 
 
 def default_settings() -> dict[str, int | str]:
