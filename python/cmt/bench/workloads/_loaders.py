@@ -84,7 +84,7 @@ def _np_memmap(torch, path: Path) -> dict:
 class Loader:
     load: Callable[[Any, Path], dict]
     label: str  # what the timer covers
-    needs: str = "safetensors"
+    needs: str = "safetensors"  # imported before the timer, as a program imports its loader at its start
     source: str = "safetensors"  # or "pt": the torch.save copy
 
 
@@ -96,7 +96,7 @@ LOADERS: dict[str, Loader] = {
     "runai": Loader(_runai, "Run:ai SafetensorsStreamer + .to('cuda')", needs="runai_model_streamer"),
     "instanttensor": Loader(_instanttensor, "InstantTensor safe_open(device=0), its default backend",
                             needs="instanttensor"),
-    "cmt-io": Loader(_cmt_io, "cmt.io.load_safetensors(device='cuda:0')"),
+    "cmt-io": Loader(_cmt_io, "cmt.io.load_safetensors(device='cuda:0')", needs="cmt.io"),
     "torch-mmap": Loader(_torch_mmap, "torch.load(mmap=True, map_location='cuda')", needs="torch", source="pt"),
     "np-memmap": Loader(_np_memmap, "numpy memmap, tensor by tensor .to('cuda')", needs="numpy"),
 }

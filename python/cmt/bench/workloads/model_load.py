@@ -1,8 +1,9 @@
 """model-load: one loader (--loader, _loaders.py) reading the 3.9 GB Llama-shaped model (_model.py;
 --quick 0.5 GB) onto the GPU, from the page cache (--cache warm) or from the disk (--cache cold:
 evicted with posix_fadvise before the timer; what stayed resident is reported). Every tensor is then
-checked bit for bit against its seeded generator. The family's workloads share one work folder, so
-the model is written once (by the first --prepare)."""
+checked bit for bit against its seeded generator. Each loader's module is imported before the
+timer, as a program imports it at its start (cmt.io's import starts faulting its staging in). The
+family's workloads share one work folder, so the model is written once (by the first --prepare)."""
 
 from cmt.bench.workloads import _model
 from cmt.bench.workloads._common import (
