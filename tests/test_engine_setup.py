@@ -224,6 +224,7 @@ def test_staging_faulted_in_ahead_that_no_setup_takes_is_let_go(fake_driver_dir)
     s = CopyServer(fake_driver_dir, **CREATED, CMT_PLAN=_tiny_plan(),
                    CMT_TEST_HOOKS="guard=0,wait_setup=1,reserve_hold_ms=0", CMT_LOG="debug")
     s("roundtrip", size=4096)
+    time.sleep(0.5)  # that setup done (a setup still mapping when the reserve comes takes it: the same device)
     s("retain")
     time.sleep(1.0)
     log = s.close()

@@ -34,7 +34,8 @@ def test_large_host_copies_are_exact_in_every_case_and_go_over_the_threads(run_c
     # Staged: most large copies. The handler's and the forked child's, overlapping memmoves and the
     # threads that found the pool taken took the plain path; none below the threshold was counted.
     assert host["accelerated"][0] >= 10, host
-    assert set(host) <= {"accelerated", "resources", "backed_off"}, host
+    # (the program's own large memsets are counted here too: `touched` where already faulted in)
+    assert set(host) <= {"accelerated", "resources", "backed_off", "touched"}, host
     assert all(v[1] >= MIB * v[0] for v in host.values()), host
 
 

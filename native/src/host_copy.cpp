@@ -25,6 +25,8 @@ namespace {
 
 using CopyFn = void* (*)(void*, const void*, size_t);
 using CheckedCopyFn = void* (*)(void*, const void*, size_t, size_t);
+using FillFn = void* (*)(void*, int, size_t);
+using CheckedFillFn = void* (*)(void*, int, size_t, size_t);
 
 // Before libc's functions are resolved (other libraries' constructors can copy before ours runs,
 // and dlsym itself copies): a plain forward or backward loop, `rep movsb` where the CPU has it.
@@ -51,6 +53,17 @@ NO_LIBCALL void* early_move(void* d, const void* s, size_t n) {
   return d;
 }
 
+NO_LIBCALL void* early_fill(void* d, int c, size_t n) {
+#if defined(__x86_64__)
+  void* dst = d;
+  asm volatile("rep stosb" : "+D"(dst), "+c"(n) : "a"(c) : "memory");
+#else
+  auto* dp = static_cast<unsigned char*>(d);
+  for (size_t i = 0; i < n; ++i) dp[i] = static_cast<unsigned char>(c);
+#endif
+  return d;
+}
+
 void* early_checked_copy(void* d, const void* s, size_t n, size_t room) {
   if (n > room) abort();  // what glibc's __chk_fail does, without its message
   return early_copy(d, s, n);
@@ -61,19 +74,28 @@ void* early_checked_move(void* d, const void* s, size_t n, size_t room) {
   return early_move(d, s, n);
 }
 
+void* early_checked_fill(void* d, int c, size_t n, size_t room) {
+  if (n > room) abort();
+  return early_fill(d, c, n);
+}
+
 CopyFn g_memcpy = early_copy;
 CopyFn g_memmove = early_move;
 CheckedCopyFn g_memcpy_chk = early_checked_copy;
 CheckedCopyFn g_memmove_chk = early_checked_move;
+FillFn g_memset = early_fill;
+CheckedFillFn g_memset_chk = early_checked_fill;
 
 // Copies below this take the plain path at once; SIZE_MAX until the library is initialised.
 std::atomic<size_t> g_threshold{SIZE_MAX};
 
 thread_local bool t_inside = false;
 
+// A copy (s given) or a fill with byte `c` (s nullptr) of n bytes, in pieces.
 struct HostCopyJob {
   char* d;
   const char* s;
+  int c;
   size_t n, piece;
   bool fresh;
   std::atomic<size_t> next{0};
@@ -86,14 +108,16 @@ void copy_pieces(void* arg, int /*lane*/) {
     if (off >= j.n) break;
     const size_t len = std::min(j.piece, j.n - off);
     if (j.fresh) populate(j.d + off, len);
-    g_memcpy(j.d + off, j.s + off, len);
+    if (j.s) g_memcpy(j.d + off, j.s + off, len);
+    else g_memset(j.d + off, j.c, len);
   }
 }
 
-// Splits a copy of n bytes over the lane pool; false when the pool is not to be had.
-bool copy_on_lanes(char* d, const char* s, size_t n, const Settings& st) {
-  HostCopyJob job{d, s, n, std::clamp<size_t>(static_cast<size_t>(st.chunk_bytes), kMinChunk, n), false};
-  job.fresh = prepare_fresh_destination(d, n);
+// Splits a copy (or a fill: s nullptr) of n bytes over the lane pool; false when the pool is not to
+// be had. `fresh`: the destination was never touched (prepare_fresh_destination), so the lanes fault
+// it in ahead of each piece.
+bool copy_on_lanes(char* d, const char* s, int c, size_t n, bool fresh, const Settings& st) {
+  HostCopyJob job{d, s, c, n, std::clamp<size_t>(static_cast<size_t>(st.chunk_bytes), kMinChunk, n), fresh};
   const int lanes = static_cast<int>(std::min<size_t>(std::clamp<int64_t>(st.threads, 1, kMaxThreads),
                                                       (n + job.piece - 1) / job.piece));
   return engine_host_lanes(lanes, &copy_pieces, &job);
@@ -125,7 +149,8 @@ Outcome staged_copy(void* d, const void* s, size_t n, CopyFn plain, const Settin
   }
   if (o == Outcome::Accelerated) {
     const uint64_t start = monotonic_ns();
-    if (copy_on_lanes(static_cast<char*>(d), static_cast<const char*>(s), n, forced ? *forced : rule.settings)) {
+    const bool fresh = prepare_fresh_destination(static_cast<char*>(d), n);
+    if (copy_on_lanes(static_cast<char*>(d), static_cast<const char*>(s), 0, n, fresh, forced ? *forced : rule.settings)) {
       if (!forced) guard_staged(Direction::HtoH, n, monotonic_ns() - start);
       record(Direction::HtoH, o, n);
       return o;
@@ -140,30 +165,65 @@ Outcome staged_copy(void* d, const void* s, size_t n, CopyFn plain, const Settin
   return o;
 }
 
-// `cmt profile`: the copy timed and recorded with its outcome and the object that called it.
-__attribute__((noinline)) void recorded_copy(void* d, const void* s, size_t n, CopyFn plain, HostCall call,
-                                             const void* caller) {
+// A large memset (the program's, or a library's around its own staging: XLA's fresh host buffers
+// took 4 KiB page faults at about 2 GB/s in one thread on the lent VMs, 2026-12-07). Only a
+// destination never touched is split over the lanes, which fault it in on huge pages ahead of each
+// piece, in parallel; one already faulted in is libc's memset, as fast as a fill gets in one thread
+// (outcome `touched`). So there is no rate guard here: the lanes only take what one thread would
+// fault in page by page. Pinned memory is resident (`touched`); no driver query is made, since a
+// real driver's calls wait while another thread pins memory (cmt's setup among them).
+Outcome staged_fill(void* d, int c, size_t n) {
+  const Outcome plain_only = in_forked_child() ? Outcome::ForkedChild
+                             : copies_disabled() ? Outcome::Disabled
+                                                 : Outcome::Accelerated;
+  Outcome o = plain_only;
+  if (o == Outcome::Accelerated) {
+    InsideCmt inside;
+    const Rule& rule = active_plan().lookup(Direction::HtoH, n);
+    if (rule.pass) o = Outcome::BelowMinimum;
+    else if (!prepare_fresh_destination(static_cast<char*>(d), n)) o = Outcome::Touched;
+    else if (!copy_on_lanes(static_cast<char*>(d), nullptr, c, n, true, rule.settings)) o = Outcome::Resources;
+  }
+  if (o != Outcome::Accelerated) g_memset(d, c, n);
+  record(Direction::HtoH, o, n);
+  return o;
+}
+
+// `cmt profile`: the copy (or fill) timed and recorded with its outcome and the object that called it.
+template <typename Staged, typename Plain>
+__attribute__((noinline)) void recorded(size_t n, Staged staged, Plain plain, HostCall call, const void* caller) {
   const uint64_t start = now_ns();
   Outcome o = Outcome::NoDriver;
-  if (driver().ok) o = staged_copy(d, s, n, plain, nullptr);
-  else plain(d, s, n);
+  if (driver().ok) o = staged();
+  else plain();
   const uint64_t end = now_ns();
   InsideCmt inside;  // the recorder's own copies (a new block, the file's header) are plain
   record_host_copy(start, end, n, o, call, caller);
 }
 
-// The interposer's copies at or above the threshold. Only in processes that use CUDA (the libraries
-// that stage their own copies): a CPU-only program under `cmt run` keeps its copies and gets no
-// threads (`cmt profile` records them as no_driver); and never from cmt's own threads.
-void* large_copy(void* d, const void* s, size_t n, CopyFn plain, HostCall call, const void* caller) {
-  if (t_inside) return plain(d, s, n);
-  if (__builtin_expect(recording(), 0)) {
-    recorded_copy(d, s, n, plain, call, caller);
+// The interposer's copies and fills at or above the threshold. Only in processes that use CUDA (the
+// libraries that stage their own copies): a CPU-only program under `cmt run` keeps its copies and gets
+// no threads (`cmt profile` records them as no_driver); and never from cmt's own threads.
+template <typename Staged, typename Plain>
+void large_call(size_t n, Staged staged, Plain plain, HostCall call, const void* caller) {
+  if (t_inside) {
+    plain();
+  } else if (__builtin_expect(recording(), 0)) {
+    recorded(n, staged, plain, call, caller);
   } else if (driver().ok) {
-    staged_copy(d, s, n, plain, nullptr);
+    staged();
   } else {
-    plain(d, s, n);
+    plain();
   }
+}
+
+void* large_copy(void* d, const void* s, size_t n, CopyFn plain, HostCall call, const void* caller) {
+  large_call(n, [&] { return staged_copy(d, s, n, plain, nullptr); }, [&] { plain(d, s, n); }, call, caller);
+  return d;
+}
+
+void* large_fill(void* d, int c, size_t n, HostCall call, const void* caller) {
+  large_call(n, [&] { return staged_fill(d, c, n); }, [&] { g_memset(d, c, n); }, call, caller);
   return d;
 }
 
@@ -187,6 +247,8 @@ void host_copy_init() {
   g_memmove = resolve<CopyFn>("memmove", early_move);
   g_memcpy_chk = resolve<CheckedCopyFn>("__memcpy_chk", early_checked_copy);
   g_memmove_chk = resolve<CheckedCopyFn>("__memmove_chk", early_checked_move);
+  g_memset = resolve<FillFn>("memset", early_fill);
+  g_memset_chk = resolve<CheckedFillFn>("__memset_chk", early_checked_fill);
   host_copy_plan_changed(active_plan());
 }
 
@@ -232,4 +294,17 @@ API_EXPORT void* __memmove_chk(void* d, const void* s, size_t n, size_t room) {
     return cmt::g_memmove_chk(d, s, n, room);
   }
   return cmt::large_copy(d, s, n, cmt::g_memmove, HostCall::MemmoveChk, __builtin_return_address(0));
+}
+
+// Large fills: a never-touched destination is faulted in and filled on the lanes (staged_fill).
+API_EXPORT void* memset(void* d, int c, size_t n) {
+  if (__builtin_expect(n < g_threshold.load(std::memory_order_relaxed), 1)) return cmt::g_memset(d, c, n);
+  return cmt::large_fill(d, c, n, HostCall::Memset, __builtin_return_address(0));
+}
+
+API_EXPORT void* __memset_chk(void* d, int c, size_t n, size_t room) {
+  if (__builtin_expect(n < g_threshold.load(std::memory_order_relaxed), 1) || n > room) {
+    return cmt::g_memset_chk(d, c, n, room);
+  }
+  return cmt::large_fill(d, c, n, HostCall::MemsetChk, __builtin_return_address(0));
 }

@@ -9,6 +9,9 @@
 // from cmt's own threads (and thus from a signal handler that interrupts them), in a forked child,
 // overlapping ranges, while another host copy holds the pool, and while the rate guard finds the
 // threads slower than one memcpy on a busy host (rate_guard.hpp).
+// memset and __memset_chk likewise, where the destination was never touched: the lanes fault it in
+// on huge pages and fill it (a library's fresh host buffer is faulted in 4 KiB at a time by one
+// thread otherwise); any other large fill is libc's (host_copy.cpp, staged_fill).
 // Under `cmt profile` every copy above the threshold is recorded with its outcome and the library
 // that called it (host_copy_record.hpp).
 #pragma once

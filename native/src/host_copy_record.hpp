@@ -12,8 +12,8 @@ namespace cmt {
 
 // The interposed function a host copy came through; a record's `entry` is kEntryCount + this, and
 // the recording's `entries` names them after the driver's entry points.
-enum class HostCall : uint8_t { Memcpy, Memmove, MemcpyChk, MemmoveChk };
-constexpr int kHostCalls = 4;
+enum class HostCall : uint8_t { Memcpy, Memmove, MemcpyChk, MemmoveChk, Memset, MemsetChk };
+constexpr int kHostCalls = 6;
 const char* host_call_name(HostCall c);
 
 // Records one host copy; `caller` is the interposed function's return address (nullptr: unknown).

@@ -4,8 +4,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <atomic>
-#include <cerrno>
 #include <cstdint>
 
 #include "env.hpp"
@@ -18,7 +16,6 @@
 namespace cmt {
 namespace {
 
-std::atomic<bool> g_populate_ok{true};
 const uintptr_t kPage = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
 
 bool page_resident(const void* p) {
@@ -43,14 +40,25 @@ bool prepare_fresh_destination(char* p, size_t len) {
   return true;
 }
 
+// Whether the kernel has MADV_POPULATE_WRITE (5.14): asked once, on a page of our own. (An EINVAL
+// for the program's memory says only that its mapping refuses it: a device's, or a driver's.)
+bool kernel_populates() {
+  static const bool yes = [] {
+    void* page = mmap(nullptr, kPage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (page == MAP_FAILED) return false;
+    const bool ok = madvise(page, kPage, MADV_POPULATE_WRITE) == 0;
+    munmap(page, kPage);
+    if (!ok) log::write(log::Level::Debug, "MADV_POPULATE_WRITE unsupported (kernel < 5.14); faults stay in the copy");
+    return ok;
+  }();
+  return yes;
+}
+
 void populate(char* p, size_t len) {
   uintptr_t a = (reinterpret_cast<uintptr_t>(p) + kPage - 1) & ~(kPage - 1);
   uintptr_t e = (reinterpret_cast<uintptr_t>(p) + len) & ~(kPage - 1);
-  if (e <= a || !g_populate_ok.load(std::memory_order_relaxed)) return;
-  if (madvise(reinterpret_cast<void*>(a), e - a, MADV_POPULATE_WRITE) != 0 && (errno == EINVAL || errno == ENOSYS)) {
-    g_populate_ok.store(false, std::memory_order_relaxed);
-    log::write(log::Level::Debug, "MADV_POPULATE_WRITE unsupported (kernel < 5.14); faults stay in the copy");
-  }
+  if (e <= a || !kernel_populates()) return;
+  madvise(reinterpret_cast<void*>(a), e - a, MADV_POPULATE_WRITE);  // where refused, the copy faults them
 }
 
 long usable_cpus() {

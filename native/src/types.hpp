@@ -8,8 +8,8 @@
 
 namespace cmt {
 
-// HtoH: a large memcpy/memmove between two host buffers that the program (or a library staging its
-// own copies) makes; cmt splits it over its threads (host_copy.hpp).
+// HtoH: a large memcpy/memmove between two host buffers (or a memset of fresh memory) that the
+// program (or a library staging its own copies) makes; cmt splits it over its threads (host_copy.hpp).
 enum class Direction : int { HtoD = 0, DtoH = 1, HtoH = 2 };
 constexpr int kDirections = 3;
 constexpr int kGpuDirections = 2;  // HtoD and DtoH: the ones with a GPU, staging and DMAs
@@ -67,7 +67,8 @@ enum class DefaultStream { Legacy, PerThread };
   X(Warming, "warming", "the staging pipeline for this GPU was still being set up (its first milliseconds)") \
   X(PipelinesBusy, "pipelines_busy", "a small copy while another thread's copy had this GPU's staging pipeline") \
   X(Overlapping, "overlapping", "a host copy whose source and destination overlap: libc's memmove") \
-  X(FromFile, "from_file", "the source is a file mapping not in the page cache: the lanes read the file (mapped_copy.hpp)")
+  X(FromFile, "from_file", "the source is a file mapping not in the page cache: the lanes read the file (mapped_copy.hpp)") \
+  X(Touched, "touched", "a large memset of memory already faulted in: libc's memset, as fast in one thread")
 
 enum class Outcome : int {
 #define X_ITEM(id, name, text) id,

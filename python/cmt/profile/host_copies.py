@@ -1,4 +1,4 @@
-"""The report's host copies: the large memcpy/memmove calls cmt splits over its threads (direction
+"""The report's host copies: the large memcpy/memmove (and memset) calls cmt splits over its threads (direction
 h2h, native/src/host_copy.hpp), grouped by the library that made them. Only copies from the plan's
 h2h threshold up are recorded: below it the interposed function is one compare and libc's own."""
 

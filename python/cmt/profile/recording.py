@@ -62,7 +62,7 @@ class ProcessRecording:
         return self.callers.get(object_id, UNKNOWN_CALLER)
 
     def is_host_copy(self) -> np.ndarray:
-        """Per record: an h2h copy (a large memcpy/memmove), not a host<->device one."""
+        """Per record: an h2h copy (a large memcpy/memmove, or memset), not a host<->device one."""
         names = self.names.get("directions", [])
         return self.records["dir"] == names.index("h2h") if "h2h" in names else np.zeros(len(self.records), bool)
 

@@ -42,8 +42,8 @@ def _header(model: dict[str, Any], console: Console) -> None:
         console.print(f"    pid {p['pid']} ({how}): {argv}  {p['copies']:,} copies, {fmt_bytes(p['bytes'])}{host}")
     h = model["host_copies"]
     if h["copies"]:
-        console.print(f"  {h['copies']:,} large host copies (memcpy/memmove from {fmt_bytes(h['recorded_from'])}), "
-                      f"{fmt_bytes(h['bytes'])}, {_seconds(h['seconds'])}")
+        console.print(f"  {h['copies']:,} large host copies (memcpy/memmove/memset from "
+                      f"{fmt_bytes(h['recorded_from'])}), {fmt_bytes(h['bytes'])}, {_seconds(h['seconds'])}")
     for st in model.get("setups", []):
         what = f"{fmt_bytes(st['bytes'])} in {st['buffers']} buffers" if st["ok"] else "failed (the driver copies)"
         passed = (f"; {st['passed']:,} copies ({fmt_bytes(st['passed_bytes'])}) went to the driver meanwhile"
