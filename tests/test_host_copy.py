@@ -19,8 +19,10 @@ CASES = ["small", "large", "large into never-touched pages", "large, odd size an
          "copies interrupted by a handler that copies", "in a forked child"]
 
 
-def run(run_c_program, tmp_path, plan: str, big: int = 8 * MIB, threshold: int = MIB) -> tuple[list[str], dict]:
-    proc = run_c_program(SOURCE, tmp_path, args=[str(big), str(threshold)], timeout=240,
+def run(run_c_program, tmp_path, plan: str, big: int = 8 * MIB, threshold: int = MIB,
+        source: str = SOURCE) -> tuple[list[str], dict]:
+    """Runs a test program of tests/preloaded under cmt: the cases it passed, and cmt's statistics."""
+    proc = run_c_program(source, tmp_path, args=[str(big), str(threshold)], timeout=240,
                          env={"LD_PRELOAD": str(library_path()), "CMT_PLAN": plan})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()

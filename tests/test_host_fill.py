@@ -5,25 +5,17 @@ at about 2 GB/s in one thread, H100, 2026-12-07); one already faulted in is libc
 
 from __future__ import annotations
 
-import json
+from functools import partial
 from pathlib import Path
 
-from cmt.native import library_path
+from test_host_copy import PLAN
+from test_host_copy import run as run_program
 
 SOURCE = (Path(__file__).resolve().parent / "preloaded" / "host_fills.cpp").read_text()
-MIB = 1 << 20
-PLAN = "h2d:0=pass;d2h:0=pass;h2h:1048576=threads:4,buffers:1,chunk_bytes:262144"
 CASES = ["small", "large into never-touched pages", "large zero fill of never-touched pages",
          "large, odd size and alignment", "large into touched pages", "__memset_chk", "eight threads at once",
          "in a signal handler", "fills interrupted by a handler that fills", "pinned memory", "in a forked child"]
-
-
-def run(run_c_program, tmp_path, plan: str) -> tuple[list[str], dict]:
-    proc = run_c_program(SOURCE, tmp_path, args=[str(8 * MIB)], timeout=240,
-                         env={"LD_PRELOAD": str(library_path()), "CMT_PLAN": plan})
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    lines = proc.stdout.splitlines()
-    return [line[3:] for line in lines if line.startswith("ok ")], json.loads(lines[-1])
+run = partial(run_program, source=SOURCE)
 
 
 def test_large_fills_of_fresh_memory_go_over_the_threads_and_are_exact(run_c_program, tmp_path):
