@@ -40,6 +40,8 @@ static void* (*real_malloc)(size_t);
 static void* (*real_calloc)(size_t, size_t);
 static int (*real_memalign)(void**, size_t, size_t);
 static void* (*real_aligned_alloc)(size_t, size_t);
+static void (*real_free)(void*);
+static void* (*real_realloc)(void*, size_t);
 
 // Before dlsym answers (it allocates and copies itself): byte loops, and a small arena.
 static char g_early[1 << 16];
@@ -60,6 +62,8 @@ __attribute__((optimize("no-tree-loop-distribute-patterns"))) static void* early
   }
   return d;
 }
+static int in_early(const void* p) { return (const char*)p >= g_early && (const char*)p < g_early + sizeof g_early; }
+
 static void* early_alloc(size_t n) {
   n = (n + 15) & ~(size_t)15;
   if (g_early_used + n > sizeof g_early) return NULL;
@@ -79,6 +83,8 @@ static void resolve(void) {
   real_calloc = dlsym(RTLD_NEXT, "calloc");
   real_memalign = dlsym(RTLD_NEXT, "posix_memalign");
   real_aligned_alloc = dlsym(RTLD_NEXT, "aligned_alloc");
+  real_free = dlsym(RTLD_NEXT, "free");
+  real_realloc = dlsym(RTLD_NEXT, "realloc");
   resolving = 0;
 }
 
@@ -157,6 +163,23 @@ void* malloc(size_t n) {
   void* p;
   TIMED(kMalloc, n, p = real_malloc(n));
   return p;
+}
+
+// What came from the early arena (dlsym's own allocations) is never given to libc's free.
+void free(void* p) {
+  if (!p || in_early(p)) return;
+  resolve();
+  if (real_free) real_free(p);
+}
+
+void* realloc(void* p, size_t n) {
+  resolve();
+  if (p && in_early(p)) {
+    void* q = real_malloc ? real_malloc(n) : early_alloc(n);
+    if (q) early_move(q, p, n < (size_t)(g_early + sizeof g_early - (char*)p) ? n : (size_t)(g_early + sizeof g_early - (char*)p));
+    return q;
+  }
+  return real_realloc ? real_realloc(p, n) : NULL;
 }
 
 void* calloc(size_t k, size_t n) {
