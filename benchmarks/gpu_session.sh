@@ -35,6 +35,7 @@
 #            (after frameworks, whose files they reuse)                 (-> setup-debug.txt)
 #   jax      research/jax_asarray.py plain and under cmt run, each also with glibc's malloc on huge pages,
 #            then with research/large_calls_probe.c (which large memset/memcpy/allocation takes the faults),
+#            research/fill_bench.c plainly and under cmt (large fills of fresh memory),
 #            then under cmt profile: np.asarray's time, page faults and pinning calls (-> jax-asarray.txt)
 #   models   cmt bench workloads of the model-load family (every loader warm and cold, the C++ loader);
 #            QUICK=1 for the 0.5 GB model; CACHE=warm or cold for half (the whole family at 3.9 GB may
@@ -120,6 +121,9 @@ for mode in "${modes[@]}"; do
            unset GLIBC_TUNABLES
            echo "== large-calls probe"; gcc -O2 -shared -fPIC -o /tmp/probe.so research/large_calls_probe.c -ldl -lpthread &&
              LD_PRELOAD=/tmp/probe.so timeout 100 python3 research/jax_asarray.py
+           echo "== fill_bench 512 MiB, plain then cmt, 3 processes each in turn"
+           gcc -O2 -o /tmp/fill_bench research/fill_bench.c -lcuda && for k in 1 2 3; do echo plain; /tmp/fill_bench 512
+             echo cmt; LD_PRELOAD=$(python3 -c "from cmt.native import library_path; print(library_path())") /tmp/fill_bench 512; done
            COLUMNS=150 timeout 100 python3 -m cmt profile -- python3 research/jax_asarray.py; } \
            2>&1 | grep -v "^cmt\[" | tee "$OUT/jax-asarray.txt" ;;
     models) only=${ONLY:-$(python3 -c 'import os; from cmt.bench import workloads as w; c = os.environ.get("CACHE", "")
