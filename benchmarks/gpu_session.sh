@@ -122,7 +122,7 @@ for mode in "${modes[@]}"; do
            echo "== large-calls probe"; gcc -O2 -shared -fPIC -o /tmp/probe.so research/large_calls_probe.c -ldl -lpthread &&
              LD_PRELOAD=/tmp/probe.so timeout 100 python3 research/jax_asarray.py
            echo "== fill_bench 512 MiB, plain then cmt, 3 processes each in turn"
-           gcc -O2 -o /tmp/fill_bench research/fill_bench.c -lcuda && for k in 1 2 3; do echo plain; /tmp/fill_bench 512
+           gcc -O2 -o /tmp/fill_bench research/fill_bench.c -l:libcuda.so.1 && for k in 1 2 3; do echo plain; /tmp/fill_bench 512
              echo cmt; LD_PRELOAD=$(python3 -c "from cmt.native import library_path; print(library_path())") /tmp/fill_bench 512; done
            COLUMNS=150 timeout 100 python3 -m cmt profile -- python3 research/jax_asarray.py; } \
            2>&1 | grep -v "^cmt\[" | tee "$OUT/jax-asarray.txt" ;;

@@ -1,6 +1,6 @@
 // A large memset of never-touched memory, then of the same memory again, three times: run plainly and
 // under LD_PRELOAD=libcmt.so (with a CUDA driver, or the stand-in, loaded) to compare.
-//   gcc -O2 -o /tmp/fill_bench research/fill_bench.c -lcuda && /tmp/fill_bench 256
+//   gcc -O2 -o /tmp/fill_bench research/fill_bench.c -l:libcuda.so.1 && /tmp/fill_bench 256
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
