@@ -140,21 +140,17 @@ void* memset(void* d, int c, size_t n) {
   return d;
 }
 
-void* memcpy(void* d, const void* s, size_t n) {
-  resolve();
-  if (!real_memcpy) return early_move(d, s, n);
-  if (n < COPY_MIN || t_busy) return real_memcpy(d, s, n);
-  TIMED(kMemcpy, n, real_memcpy(d, s, n));
-  return d;
-}
-
-void* memmove(void* d, const void* s, size_t n) {
-  resolve();
-  if (!real_memmove) return early_move(d, s, n);
-  if (n < COPY_MIN || t_busy) return real_memmove(d, s, n);
-  TIMED(kMemmove, n, real_memmove(d, s, n));
-  return d;
-}
+// memcpy and memmove: the same wrapper around each.
+#define COPY_WRAPPER(name, real, call)                    \
+  void* name(void* d, const void* s, size_t n) {          \
+    resolve();                                            \
+    if (!real) return early_move(d, s, n);                \
+    if (n < COPY_MIN || t_busy) return real(d, s, n);     \
+    TIMED(call, n, real(d, s, n));                        \
+    return d;                                             \
+  }
+COPY_WRAPPER(memcpy, real_memcpy, kMemcpy)
+COPY_WRAPPER(memmove, real_memmove, kMemmove)
 
 void* malloc(size_t n) {
   resolve();

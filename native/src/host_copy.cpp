@@ -128,13 +128,16 @@ bool overlap(const void* d, const void* s, size_t n) {
   return a < b + n && b < a + n;
 }
 
+// Why a large host call must be libc's in this process (a forked child, CMT_DISABLE), or
+// Accelerated where cmt may take it.
+Outcome process_allows() {
+  return in_forked_child() ? Outcome::ForkedChild : copies_disabled() ? Outcome::Disabled : Outcome::Accelerated;
+}
+
 // A copy the plan (or `forced` settings, for the C API) may stage: over the lanes, or the plain
 // function; the outcome is counted and returned.
 Outcome staged_copy(void* d, const void* s, size_t n, CopyFn plain, const Settings* forced) {
-  const Outcome plain_only = overlap(d, s, n) ? Outcome::Overlapping
-                             : in_forked_child()  ? Outcome::ForkedChild
-                             : copies_disabled()  ? Outcome::Disabled
-                                                  : Outcome::Accelerated;
+  const Outcome plain_only = overlap(d, s, n) ? Outcome::Overlapping : process_allows();
   if (plain_only != Outcome::Accelerated) {
     plain(d, s, n);
     return plain_only;
@@ -173,10 +176,7 @@ Outcome staged_copy(void* d, const void* s, size_t n, CopyFn plain, const Settin
 // fault in page by page. Pinned memory is resident (`touched`); no driver query is made, since a
 // real driver's calls wait while another thread pins memory (cmt's setup among them).
 Outcome staged_fill(void* d, int c, size_t n) {
-  const Outcome plain_only = in_forked_child() ? Outcome::ForkedChild
-                             : copies_disabled() ? Outcome::Disabled
-                                                 : Outcome::Accelerated;
-  Outcome o = plain_only;
+  Outcome o = process_allows();
   if (o == Outcome::Accelerated) {
     InsideCmt inside;
     const Rule& rule = active_plan().lookup(Direction::HtoH, n);

@@ -84,10 +84,9 @@ NumaPlace numa_place_for(CUdevice dev) {
   NumaPlace place;
   const Driver& d = driver();
   const std::string root = env().test_sysfs.empty() ? "/sys" : env().test_sysfs;
-  cpu_set_t nodes;
   char bus[32] = {};
   if (!d.cuDeviceGetPCIBusId || d.cuDeviceGetPCIBusId(bus, sizeof bus, dev) != CUDA_SUCCESS) return place;
-  if (parse_list(read_line(root + "/devices/system/node/online"), &nodes) < 2) return place;  // one node
+  if (numa_one_node()) return place;
   const std::string node_text = read_line(root + "/bus/pci/devices/" + sysfs_bus_id(bus) + "/numa_node");
   char* end = nullptr;
   const long node = strtol(node_text.c_str(), &end, 10);

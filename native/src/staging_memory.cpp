@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <chrono>
 #include <condition_variable>
@@ -91,7 +92,7 @@ std::mutex& g_mutex = *new std::mutex();
 std::condition_variable& g_changed = *new std::condition_variable();
 constexpr int kAnySlot = kMaxReserves;  // the reserve for any device (kAnyDevice)
 Reserve* g_reserves[kMaxReserves + 1] = {};
-bool g_device_reserve = false;  // one reserve for a device per process
+std::atomic<bool> g_device_reserve{false};  // one reserve for a device per process
 
 void unmap_all(const std::vector<void*>& regions, size_t bytes) {
   for (void* p : regions) munmap(p, bytes);
@@ -175,6 +176,7 @@ void staging_reserve_start(CUdevice dev, int slots, size_t bytes) {
   const bool any = dev == kAnyDevice;
   if ((!any && (dev < 0 || dev >= kMaxReserves)) || slots <= 0 || bytes == 0 || !env().test_reserve) return;
   if (inside_cmt() || in_forked_child() || copies_disabled()) return;
+  if (!any && g_device_reserve.load(std::memory_order_relaxed)) return;  // later retains: one load
   if (any && !numa_one_node()) return;  // its pages would sit on whichever node this thread is on
   if (!any) {
     const Driver& d = driver();
@@ -188,8 +190,7 @@ void staging_reserve_start(CUdevice dev, int slots, size_t bytes) {
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     const int slot = any ? kAnySlot : dev;
-    if (any ? g_reserves[kAnySlot] != nullptr : g_device_reserve) return;  // once per process
-    if (!any) g_device_reserve = true;
+    if (any ? g_reserves[kAnySlot] != nullptr : g_device_reserve.exchange(true)) return;  // once per process
     r = g_reserves[slot] = new Reserve();  // never freed: a late setup may still look at it
     r->bytes = bytes;
     r->todo = r->pending = slots;

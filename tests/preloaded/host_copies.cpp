@@ -11,11 +11,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <dlfcn.h>
 #include <thread>
 #include <vector>
 
 #include "cmt/cuda_types.hpp"
+#include "print_stats.hpp"
 
 extern "C" CUresult cuInit(unsigned int);
 
@@ -142,10 +142,6 @@ int main(int argc, char** argv) {
   waitpid(pid, &status, 0);
   ok("in a forked child", WIFEXITED(status) && WEXITSTATUS(status) == 0);
 
-  using StatsFn = int (*)(char*, size_t);
-  auto stats = reinterpret_cast<StatsFn>(dlsym(RTLD_DEFAULT, "cmt_stats_json"));
-  static char json[1 << 16];
-  if (stats) stats(json, sizeof json);
-  printf("%s\n", stats ? json : "{}");
+  print_cmt_stats();
   return 0;
 }
