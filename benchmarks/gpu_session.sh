@@ -22,6 +22,12 @@
 #            removed after: cold reads buffered / O_DIRECT / io_uring by threads, I/O size and queue depth,
 #            2 runs each, none started after COLD_SECONDS (default 240) s; about 5 minutes in all
 #                                                      (-> cold-read-modes.json, cold-read-modes.txt)
+#   colddepth  research/cold_depth.py: cold whole-file reads of 3.6 GiB in fresh processes taken in turn,
+#            cmt.io with 4x8, 16x8, 16x16 and 32x8 MiB of staging in flight against fastsafetensors'
+#            own load, 2 rounds (about 2 minutes)                      (-> cold-depth.txt)
+#   hfprofile  the full-size hf-load workload (3.8 GB from_pretrained) under cmt profile, with its trace, then
+#            with every copy passed to the driver (--passthrough): each copy's time in call, staged and plain
+#                                        (-> hf-profile.txt, hf-trace.json, hf-profile-plain.txt)
 #   turns    research/threads_turns.py under cmt run: 8 threads' 64 MiB copies at once against one
 #            thread's back to back, the spacing of their returns         (-> turns.txt)
 #   frameworks  cmt bench workloads of the libraries that stage their own copies (safetensors-cuda,
@@ -29,8 +35,7 @@
 #            frameworks-profile.txt)
 #   setup    the engine's setup under CMT_LOG=debug: research/load_setup.py (where a warm
 #            cmt.io.load_safetensors spends its time; then a fresh process's first load with 4 and 8
-#            staging buffers, twice each, warm and cold, with 4 on huge pages (test hook staging_thp=1), and
-#            with 8 twice under cmt run), then the quick hf-load and cupy
+#            staging buffers, twice each, warm and cold, and with 8 twice under cmt run), then the quick hf-load and cupy
 #            workloads twice each under cmt run with CMT_STATS, with staging faulted in ahead and without
 #            (after frameworks, whose files they reuse)                 (-> setup-debug.txt)
 #   jax      research/jax_asarray.py plain and under cmt run, each also with glibc's malloc on huge pages,
@@ -86,6 +91,16 @@ for mode in "${modes[@]}"; do
                     --seconds-max "${COLD_SECONDS:-240}" --json "$OUT/cold-read-modes.json" > "$OUT/cold-read-modes.txt"
                   rc=$?; cat "$OUT/cold-read-modes.txt"; rm -f /tmp/cmt-io/cold-read-4g.bin /tmp/cmt-io/cold-read-4g.bin.making
                   [ $rc -eq 0 ]; } ;;
+    colddepth) mkdir -p /tmp/cmt-io && timeout 300 python3 research/cold_depth.py /tmp/cmt-io 2>&1 | grep -v "^cmt\[" |
+                 tee "$OUT/cold-depth.txt" ;;
+    hfprofile) mkdir -p /tmp/cmt-fw; s=$(python3 -c "from cmt.bench import workloads as w; print(w.select('hf-load')[0].path)")
+               python3 "$s" --prepare --work-dir /tmp/cmt-fw > /dev/null 2>&1
+               python3 "$s" --work-dir /tmp/cmt-fw > /dev/null 2>&1  # the model's files warm in the page cache
+               COLUMNS=150 timeout 150 python3 -m cmt profile --trace "$OUT/hf-trace.json" -- python3 "$s" --work-dir /tmp/cmt-fw \
+                 > "$OUT/hf-profile.txt" 2>&1
+               COLUMNS=150 timeout 150 python3 -m cmt profile --passthrough -- python3 "$s" --work-dir /tmp/cmt-fw \
+                 > "$OUT/hf-profile-plain.txt" 2>&1
+               grep -E "inner_s|copies|pageable" "$OUT/hf-profile.txt" "$OUT/hf-profile-plain.txt" | cut -c1-200 ;;
     turns) CMT_STATS=1 timeout 200 python3 -m cmt run -- python3 research/threads_turns.py 2>&1 | tee "$OUT/turns.txt" | tail -30 ;;
     frameworks) fw=safetensors-cuda,cupy,seed-jax,hf-load
                 COLUMNS=150 timeout 500 python3 -m cmt bench workloads --only $fw --rounds ${ROUNDS:-3} \
@@ -100,8 +115,6 @@ for mode in "${modes[@]}"; do
            { CMT_LOG=debug timeout 100 python3 research/load_setup.py /tmp/cmt-io
              for b in 4 8 4 8; do CMT_LOG=debug timeout 60 python3 research/load_setup.py /tmp/cmt-io --first-buffers $b; done
              for b in 4 8 4 8; do CMT_LOG=debug timeout 60 python3 research/load_setup.py /tmp/cmt-io --first-buffers $b --cold; done
-             for b in 4 4; do echo "== staging on huge pages"
-               CMT_TEST_HOOKS=staging_thp=1 CMT_LOG=debug timeout 60 python3 research/load_setup.py /tmp/cmt-io --first-buffers $b; done
              for b in 8 8; do echo "== under cmt run"  # its staging faulted in while the context is made
                CMT_LOG=debug timeout 60 python3 -m cmt run -- python3 research/load_setup.py /tmp/cmt-io --first-buffers $b; done
              for w in hf-load cupy hf-load cupy; do
@@ -130,7 +143,7 @@ for mode in "${modes[@]}"; do
 print(",".join(n for n in w.names() if n.startswith("model-load") and n.endswith(c)))')}
             COLUMNS=150 timeout 540 python3 -m cmt bench workloads --only "$only" ${QUICK:+--quick} ${ROUNDS:+--rounds $ROUNDS} --out "$OUT" 2>&1 |
               tail -40 ;;
-    *) echo "unknown mode $mode (install, tests, core, firstuse, copy, load, doctor, io, ioacc, streamcheck, coldread, turns, frameworks, setup, jax, models, all)"; false ;;
+    *) echo "unknown mode $mode (install, tests, core, firstuse, copy, load, doctor, io, ioacc, streamcheck, coldread, colddepth, hfprofile, turns, frameworks, setup, jax, models, all)"; false ;;
   esac || { status=1; echo "== $mode failed"; }
 done
 ls -l "$OUT"

@@ -241,18 +241,6 @@ def test_a_plan_that_stages_nothing_faults_nothing_in_ahead(fake_driver_dir):
     assert "faulted in ahead" not in log and "staging pipeline set up" not in log
 
 
-def test_staging_on_huge_pages_copies_every_byte(fake_driver_dir):
-    # CMT_TEST_HOOKS staging_thp=1 (an A/B experiment): slots 2 MiB-aligned, advised for huge pages
-    # and faulted in, ahead or at the setup.
-    for context in ({}, CREATED):
-        s = CopyServer(fake_driver_dir, **context, CMT_TEST_HOOKS="guard=0,wait_setup=1,staging_thp=1")
-        done = [s("roundtrip", size=size, seed=size) for size in (8 * MIB, 64 * MIB + 4095)]
-        s.close()
-        for r in done:
-            assert r["device_ok"] and r["host_ok"], context
-            assert outcome(r, "h2d") == {"accelerated": 1} and outcome(r, "d2h") == {"accelerated": 1}, context
-
-
 def test_a_refused_retain_faults_nothing_in_and_keeps_the_driver_s_answer(fake_driver_dir):
     # A retain of a device the driver does not have is refused as without cmt, and faults no staging
     # in; the process's first real primary context still gets its staging ahead.

@@ -99,7 +99,6 @@ void read_test_hooks(Env& e) {
     else if (ok && key == "fault_us") e.test_fault_us = n;
     else if (ok && key == "reserve_hold_ms") e.test_reserve_hold_ms = n;
     else if (ok && key == "reserve" && n <= 1) e.test_reserve = n == 1;
-    else if (ok && key == "staging_thp" && n <= 1) e.test_staging_thp = n == 1;
     else if (ok && key == "park_piece") e.test_park_piece = static_cast<size_t>(n);
     else if (ok && key == "park_us") e.test_park_us = n;
     else if (ok && key == "park_before" && n <= 1) e.test_park_before = n == 1;

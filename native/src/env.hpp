@@ -34,7 +34,6 @@ struct Env {
   long test_fault_us = 0;        // fault_us=US: each staging buffer takes US longer to fault in (a slow host)
   long test_reserve_hold_ms = -1;  // reserve_hold_ms=MS: staging faulted in ahead is let go after MS
   bool test_reserve = true;        // reserve=0: no staging is faulted in ahead (A/B runs)
-  bool test_staging_thp = false;   // staging_thp=1: staging on transparent huge pages (A/B runs)
   // park_piece=N,park_us=US[,park_before=1]: the lane that first claims piece N in this process
   // sleeps US µs once it has begun the piece (or, with park_before, as soon as it claimed it).
   size_t test_park_piece = 0;

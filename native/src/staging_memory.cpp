@@ -26,29 +26,14 @@
 namespace cmt {
 namespace {
 
-// A slot's range 2 MiB-aligned and eligible for transparent huge pages, then faulted in
-// (CMT_TEST_HOOKS staging_thp=1, an A/B experiment: numpy faulted fresh huge pages in at 4.4-4.9
-// GB/s on an H100 VM of 2026-12-07, one thread, where small pages came at 2.3-3.0).
-void* map_huge(size_t bytes) {
-  const size_t span = bytes + kFaultUnit;
-  void* raw = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED) return nullptr;
-  char* const start = static_cast<char*>(raw);
-  char* const p = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(start) + kFaultUnit - 1) & ~(kFaultUnit - 1));
-  if (p > start) munmap(start, static_cast<size_t>(p - start));
-  if (start + span > p + bytes) munmap(p + bytes, static_cast<size_t>(start + span - (p + bytes)));
-  madvise(p, bytes, MADV_HUGEPAGE);
-  populate(p, bytes);  // (where the kernel cannot, registering faults the pages in)
-  return p;
-}
-
 // Maps and faults in one slot (the kernel zeroes its pages here, outside the driver); nullptr if it
 // could not.
 void* map_populated(size_t bytes) {
   if (env().test_fault_us) std::this_thread::sleep_for(std::chrono::microseconds(env().test_fault_us));
-  void* p = env().test_staging_thp ? map_huge(bytes)
-      : mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  if (!p || p == MAP_FAILED) return nullptr;
+  // (Transparent huge pages faulted in 2-6x faster, yet a first read was no faster: the faulting is
+  // out of its way now; docs/engine-findings.md, eighth steps.)
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
   madvise(p, bytes, MADV_DONTFORK);  // a forked child gets none of it: no copy-on-write of pinned pages
   return p;
 }

@@ -1,0 +1,93 @@
+"""Whether cmt.io's cold reads gain from more bytes in flight (issue 24: cold, fastsafetensors'
+16 threads x 16 MiB O_DIRECT reads, 256 MiB in flight, loaded a 3.9 GB model in 1.34-1.65 s where
+cmt.io, with 4 staging buffers of 8 MiB in flight, took 1.88-2.11 s; H100, 2026-12-07).
+
+Each configuration runs in fresh processes taken in turn, the file evicted (posix_fadvise) before
+each read: cmt.io with N staging buffers of M MiB (its lanes read one buffer's bytes each, so N x M
+is what the disk has in flight), and fastsafetensors' own load of the same file. Prints JSON lines,
+then each configuration's median GB/s.
+
+    python3 research/cold_depth.py /tmp/cmt-io [--rounds 2] [--configs 4x8,16x8,16x16,32x8,fst]
+    (PyTorch and a GPU; makes the 3.6 GiB file of research/load_setup.py if missing)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MiB = 1 << 20
+
+
+def one(model: Path, config: str) -> dict:
+    """This process's cold read of the whole file with `config`: NxM (cmt.io) or fst."""
+    import torch
+    from load_setup import evict
+
+    torch.empty(1, device="cuda")  # the context, outside the timer
+    size = model.stat().st_size
+    if config == "fst":
+        from fastsafetensors import fastsafe_open
+
+        evict(model)
+        t0 = time.perf_counter()
+        with fastsafe_open(str(model), framework="pt", device="cuda:0", nogds=True) as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        torch.cuda.synchronize()
+        t = time.perf_counter() - t0
+        done = sum(x.numel() * x.element_size() for x in tensors.values())
+    else:
+        import cmt.io
+
+        buffers, mib = (int(v) for v in config.split("x"))
+        buf = torch.empty(size, dtype=torch.uint8, device="cuda")
+        with cmt.io.open(model, "r", settings={"buffers": buffers, "chunk_bytes": mib * MiB}) as f:
+            # the engine's setup for these settings (the whole ring), outside the timer
+            f.read(buf, size=min(size, 2 * buffers * mib * MiB))
+            evict(model)
+            t0 = time.perf_counter()
+            done = f.read(buf, size=size)
+            torch.cuda.synchronize()
+            t = time.perf_counter() - t0
+    return {"config": config, "seconds": round(t, 3), "gbps": round(done / t / 1e9, 3)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("folder", type=Path)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--configs", default="4x8,16x8,16x16,32x8,fst")
+    p.add_argument("--one", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    model = args.folder / "load-setup.safetensors"
+    if args.one:
+        print(json.dumps(one(model, args.one)), flush=True)
+        return
+    if not model.exists():
+        from load_setup import make_model
+
+        args.folder.mkdir(parents=True, exist_ok=True)
+        make_model(model, 3.6)
+    runs: dict[str, list[float]] = {c: [] for c in args.configs.split(",")}
+    for _ in range(args.rounds):
+        for config in runs:
+            out = subprocess.run([sys.executable, __file__, str(args.folder), "--one", config],
+                                 capture_output=True, text=True, timeout=120)
+            line = next((x for x in out.stdout.splitlines() if x.startswith("{")), None)
+            if line is None:
+                print(json.dumps({"config": config, "failed": out.stderr.strip()[-300:]}), flush=True)
+                continue
+            print(line, flush=True)
+            runs[config].append(json.loads(line)["gbps"])
+    for config, gbps in runs.items():
+        if gbps:
+            print(json.dumps({"config": config, "median_gbps": statistics.median(gbps), "runs": gbps}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
