@@ -13,10 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cmt import native
-from cmt.profile import recording
+from cmt.profile import recording, report
+from cmt.profile.recording import Copies
 
 REPO = Path(__file__).resolve().parent.parent
 INCLUDE = REPO / "native" / "include"
@@ -224,6 +226,10 @@ def test_mix_processes_and_share(mix_run):
     total = sum(b for (d, _, _), (_, b) in MIX_EXPECTED.items() if d == "h2d")
     assert sum(r["bytes"] for r in h2d) == total
     assert model["saving"]["available"] is False and "no measured bandwidth" in model["saving"]["reason"]
+    # The main thread, its 3 threads and the forked child's made copies; calls overlap at most.
+    f, t = model["totals"]["in_flight"], model["totals"]
+    assert f["threads"] == 5
+    assert 0 < f["seconds"] <= t["seconds"] + 1e-9 and f["seconds"] <= f["span_seconds"]
 
 
 TRACE_SCHEMA = {
@@ -284,6 +290,7 @@ def test_saved_recording_rerenders(mix_run, cmt_profile):
     text = cmt_profile("--report", out / "mix.cmtprof")
     assert text.returncode == 0 and "Share of h2d bytes by copy size" in text.stdout
     assert "below minimum size" in text.stdout and "Traceback" not in text.stderr
+    assert "from the first to the last; 5 thread(s) made them" in text.stdout
 
 
 def test_without_matplotlib_the_chart_is_skipped_with_one_line(build, cmt_profile, mix_run, tmp_path):
@@ -506,3 +513,24 @@ def test_the_report_shows_cmt_s_setup_and_the_copies_it_passed_meanwhile(build, 
     assert setup["passed"] == warming and setup["passed_bytes"] == warming * (8 << 20)
     assert any(e["cat"] == "setup" for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]
                if e["ph"] == "X")
+
+
+def _calls(*spans: tuple[int, int, int]) -> Copies:
+    """Copies made of (thread, start, end) spans in ns; every other field a placeholder."""
+    n = len(spans)
+    col = np.array
+    return Copies(pid=np.full(n, 7), tid=col([s[0] for s in spans]), start_ns=col([s[1] for s in spans], np.uint64),
+                  end_ns=col([s[2] for s in spans], np.uint64), bytes=np.ones(n, np.uint64), stream=np.zeros(n),
+                  result=np.zeros(n), direction=np.full(n, "h2d", object), host_kind=np.full(n, "pageable", object),
+                  outcome=np.full(n, "accelerated", object), entry=np.full(n, "cuMemcpyHtoD_v2", object),
+                  caller=np.full(n, "", object))
+
+
+def test_in_flight_counts_overlapping_calls_once_and_the_gaps_not_at_all():
+    # Thread 1: [0, 10) and [40, 50); thread 2 overlaps the first and reaches past it: [5, 20); a call
+    # inside another's [42, 45). In flight: [0, 20) and [40, 50) = 30 of a 50 ns span, 2 threads.
+    f = report.in_flight(_calls((1, 40, 50), (1, 0, 10), (2, 5, 20), (2, 42, 45)))
+    assert f == {"seconds": 30e-9, "span_seconds": 50e-9, "threads": 2}
+    # One call; none at all.
+    assert report.in_flight(_calls((3, 100, 160))) == {"seconds": 60e-9, "span_seconds": 60e-9, "threads": 1}
+    assert report.in_flight(_calls()) == {"seconds": 0.0, "span_seconds": 0.0, "threads": 0}

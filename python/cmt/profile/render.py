@@ -35,6 +35,10 @@ def _header(model: dict[str, Any], console: Console) -> None:
         console.print(f"  exit status {model['exit_code']}")
     console.print(f"  {t['copies']:,} host<->device copies, {fmt_bytes(t['bytes'])}, "
                   f"{_seconds(t['seconds'])} in copy calls, {len(model['processes'])} process(es)")
+    f = t.get("in_flight")  # (reports saved before version 4 lack it)
+    if f and f["threads"]:
+        console.print(f"  a copy call in flight for {_seconds(f['seconds'])} of the {_seconds(f['span_seconds'])} "
+                      f"from the first to the last; {f['threads']:,} thread(s) made them")
     for p in model["processes"]:
         how = f"forked from {p['ppid']}" if p["forked"] else f"parent {p['ppid']}"
         argv = shlex.join(p["argv"])[:80] or "?"

@@ -15,7 +15,7 @@ from . import host_copies, pin_calls, saving
 from .recording import Copies, Recording
 
 REPORT_FORMAT = "cmt-profile-report"
-REPORT_VERSION = 3  # 2: host_copies; 3: pin_calls, setups
+REPORT_VERSION = 4  # 2: host_copies; 3: pin_calls, setups; 4: totals.in_flight
 DIRECTIONS = ("h2d", "d2h")
 KIND_ORDER = ("pageable", "pinned", "managed", "device", "unknown")
 
@@ -95,6 +95,25 @@ def share(c: Copies) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def in_flight(c: Copies) -> dict[str, Any]:
+    """When copies ran: the time with at least one copy call in flight (the union of the calls, every
+    thread's), the span from the first call's start to the last one's end, and how many threads made
+    them. Calls that overlap (threads copying at once) count once: where the in-flight time is near
+    the sum of the calls, the threads took turns; where it is a small part of the span, the program's
+    time is elsewhere."""
+    if len(c) == 0:
+        return {"seconds": 0.0, "span_seconds": 0.0, "threads": 0}
+    order = np.argsort(c.start_ns, kind="stable")
+    starts, ends = c.start_ns[order].astype(np.int64), c.end_ns[order].astype(np.int64)
+    reach = np.maximum.accumulate(ends)  # the latest end so far: a start beyond it opens a new stretch
+    opens = np.concatenate(([True], starts[1:] > reach[:-1]))
+    first = np.nonzero(opens)[0]
+    last = np.concatenate((first[1:] - 1, [len(starts) - 1]))
+    busy = int((reach[last] - starts[first]).sum())
+    threads = len({(int(p), int(t)) for p, t in zip(c.pid, c.tid, strict=True)})
+    return {"seconds": busy / 1e9, "span_seconds": int(reach[-1] - starts[0]) / 1e9, "threads": threads}
+
+
 def processes(rec: Recording) -> list[dict[str, Any]]:
     """Per process: its host<->device copies and bytes, its recorded host copies and pinning calls."""
     out = []
@@ -134,7 +153,8 @@ def build(rec: Recording, bandwidth: saving.Bandwidth | None, no_estimate_reason
                    "dropped": sum(p.dropped for p in rec.processes),
                    "by_direction": {d: {"copies": int((c.direction == d).sum()),
                                         "bytes": int(c.bytes[c.direction == d].sum()),
-                                        "seconds": float(secs[c.direction == d].sum())} for d in DIRECTIONS}},
+                                        "seconds": float(secs[c.direction == d].sum())} for d in DIRECTIONS},
+                   "in_flight": in_flight(c)},
         "groups": groups(c),
         "share": share(c),
         "saving": est,
