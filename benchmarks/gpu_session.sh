@@ -100,7 +100,7 @@ for mode in "${modes[@]}"; do
                  > "$OUT/hf-profile.txt" 2>&1
                COLUMNS=150 timeout 150 python3 -m cmt profile --passthrough -- python3 "$s" --work-dir /tmp/cmt-fw \
                  > "$OUT/hf-profile-plain.txt" 2>&1
-               grep -E "inner_s|copies|pageable" "$OUT/hf-profile.txt" "$OUT/hf-profile-plain.txt" | cut -c1-200 ;;
+               grep -E "inner_s|copies|in flight|pageable" "$OUT/hf-profile.txt" "$OUT/hf-profile-plain.txt" | cut -c1-200 ;;
     turns) CMT_STATS=1 timeout 200 python3 -m cmt run -- python3 research/threads_turns.py 2>&1 | tee "$OUT/turns.txt" | tail -30 ;;
     frameworks) fw=safetensors-cuda,cupy,seed-jax,hf-load
                 COLUMNS=150 timeout 500 python3 -m cmt bench workloads --only $fw --rounds ${ROUNDS:-3} \
