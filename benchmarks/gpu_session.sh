@@ -25,9 +25,10 @@
 #   colddepth  research/cold_depth.py: cold whole-file reads of 3.6 GiB in fresh processes taken in turn,
 #            cmt.io with 4x8, 16x8, 16x16 and 32x8 MiB of staging in flight against fastsafetensors'
 #            own load, 2 rounds (about 2 minutes)                      (-> cold-depth.txt)
-#   hfprofile  the full-size hf-load workload (3.8 GB from_pretrained) under cmt profile, with its trace, then
-#            with every copy passed to the driver (--passthrough): each copy's time in call, staged and plain
-#                                        (-> hf-profile.txt, hf-trace.json, hf-profile-plain.txt)
+#   fullprofile  the full-size hf-load (3.8 GB from_pretrained) and safetensors-cuda (2 GiB load_file) workloads
+#            under cmt profile, each with its trace, then with every copy passed to the driver (--passthrough):
+#            each copy's and pinning call's time, and how long a copy was in flight, staged and plain
+#                                        (-> NAME-profile.txt, NAME-trace.json, NAME-profile-plain.txt)
 #   turns    research/threads_turns.py under cmt run: 8 threads' 64 MiB copies at once against one
 #            thread's back to back, the spacing of their returns         (-> turns.txt)
 #   frameworks  cmt bench workloads of the libraries that stage their own copies (safetensors-cuda,
@@ -93,14 +94,17 @@ for mode in "${modes[@]}"; do
                   [ $rc -eq 0 ]; } ;;
     colddepth) mkdir -p /tmp/cmt-io && timeout 300 python3 research/cold_depth.py /tmp/cmt-io 2>&1 | grep -v "^cmt\[" |
                  tee "$OUT/cold-depth.txt" ;;
-    hfprofile) mkdir -p /tmp/cmt-fw; s=$(python3 -c "from cmt.bench import workloads as w; print(w.select('hf-load')[0].path)")
-               python3 "$s" --prepare --work-dir /tmp/cmt-fw > /dev/null 2>&1
-               python3 "$s" --work-dir /tmp/cmt-fw > /dev/null 2>&1  # the model's files warm in the page cache
-               COLUMNS=150 timeout 150 python3 -m cmt profile --trace "$OUT/hf-trace.json" -- python3 "$s" --work-dir /tmp/cmt-fw \
-                 > "$OUT/hf-profile.txt" 2>&1
-               COLUMNS=150 timeout 150 python3 -m cmt profile --passthrough -- python3 "$s" --work-dir /tmp/cmt-fw \
-                 > "$OUT/hf-profile-plain.txt" 2>&1
-               grep -E "inner_s|copies|in flight|pageable" "$OUT/hf-profile.txt" "$OUT/hf-profile-plain.txt" | cut -c1-200 ;;
+    fullprofile) mkdir -p /tmp/cmt-fw
+               for w in hf-load safetensors-cuda; do
+                 s=$(python3 -c "from cmt.bench import workloads as w; print(w.select('$w')[0].path)")
+                 python3 "$s" --prepare --work-dir /tmp/cmt-fw > /dev/null 2>&1
+                 python3 "$s" --work-dir /tmp/cmt-fw > /dev/null 2>&1  # its files warm in the page cache
+                 COLUMNS=150 timeout 150 python3 -m cmt profile --trace "$OUT/$w-trace.json" -- python3 "$s" \
+                   --work-dir /tmp/cmt-fw > "$OUT/$w-profile.txt" 2>&1
+                 COLUMNS=150 timeout 150 python3 -m cmt profile --passthrough -- python3 "$s" --work-dir /tmp/cmt-fw \
+                   > "$OUT/$w-profile-plain.txt" 2>&1
+                 grep -E "inner_s|copies|in flight|pin|pageable" "$OUT/$w-profile.txt" "$OUT/$w-profile-plain.txt" | cut -c1-200
+               done ;;
     turns) CMT_STATS=1 timeout 200 python3 -m cmt run -- python3 research/threads_turns.py 2>&1 | tee "$OUT/turns.txt" | tail -30 ;;
     frameworks) fw=safetensors-cuda,cupy,seed-jax,hf-load
                 COLUMNS=150 timeout 500 python3 -m cmt bench workloads --only $fw --rounds ${ROUNDS:-3} \
@@ -143,7 +147,7 @@ for mode in "${modes[@]}"; do
 print(",".join(n for n in w.names() if n.startswith("model-load") and n.endswith(c)))')}
             COLUMNS=150 timeout 540 python3 -m cmt bench workloads --only "$only" ${QUICK:+--quick} ${ROUNDS:+--rounds $ROUNDS} --out "$OUT" 2>&1 |
               tail -40 ;;
-    *) echo "unknown mode $mode (install, tests, core, firstuse, copy, load, doctor, io, ioacc, streamcheck, coldread, colddepth, hfprofile, turns, frameworks, setup, jax, models, all)"; false ;;
+    *) echo "unknown mode $mode (install, tests, core, firstuse, copy, load, doctor, io, ioacc, streamcheck, coldread, colddepth, fullprofile, turns, frameworks, setup, jax, models, all)"; false ;;
   esac || { status=1; echo "== $mode failed"; }
 done
 ls -l "$OUT"
