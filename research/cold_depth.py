@@ -76,8 +76,12 @@ def main() -> None:
     runs: dict[str, list[float]] = {c: [] for c in args.configs.split(",")}
     for _ in range(args.rounds):
         for config in runs:
-            out = subprocess.run([sys.executable, __file__, str(args.folder), "--one", config],
-                                 capture_output=True, text=True, timeout=120)
+            try:
+                out = subprocess.run([sys.executable, __file__, str(args.folder), "--one", config],
+                                     capture_output=True, text=True, timeout=120)
+            except subprocess.TimeoutExpired:
+                print(json.dumps({"config": config, "failed": "over 120 s"}), flush=True)
+                continue
             line = next((x for x in out.stdout.splitlines() if x.startswith("{")), None)
             if line is None:
                 print(json.dumps({"config": config, "failed": out.stderr.strip()[-300:]}), flush=True)
