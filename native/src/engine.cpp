@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "context_ends.hpp"
 #include "dma_streams.hpp"
 #include "env.hpp"
 #include "host_copy.hpp"
@@ -19,6 +20,7 @@
 #include "prefault.hpp"
 #include "rate_guard.hpp"
 #include "recorder.hpp"
+#include "setup_pacing.hpp"
 #include "staging_memory.hpp"
 #include "staging_ring.hpp"
 #include "timeline.hpp"
@@ -40,43 +42,6 @@ constexpr std::chrono::microseconds kMaxTailSpin{2000};
 int fresh_memory_threads() {
   static const int n = static_cast<int>(std::min(16L, usable_cpus()));
   return n;
-}
-
-// The program's copies in cmt's hands (CopyInFlight) that the setup waits for, and how many have
-// ended so far. They are counted only while a pipeline is being set up (g_preparing): the rest of
-// the time an intercepted copy pays one load of a line nobody writes.
-std::atomic<int> g_preparing{0};
-std::atomic<int> g_copies_in_flight{0};
-std::atomic<uint64_t> g_copies_ended{0};
-thread_local bool t_in_copy = false;    // this thread is inside an intercepted copy
-thread_local bool t_in_flight = false;  // and it counts in g_copies_in_flight
-
-void count_in_flight() {
-  t_in_flight = true;
-  g_copies_in_flight.fetch_add(1, std::memory_order_acq_rel);
-}
-std::atomic<uint64_t> g_contexts_ended{0};  // contexts that ended (engine_context_ended)
-std::mutex g_ended_mutex;
-std::vector<std::pair<CUcontext, uint64_t>> g_ended;  // each one, and g_contexts_ended once it had ended
-std::atomic<uint64_t> g_setup_paused_ns{0};  // for the debug log
-// A copy that takes longer gets a buffer pinned under it. Registering one 8 MiB buffer holds the
-// driver for about 0.25 ms (2 ms per 64 MiB, H200), so a copy loses little; a pause of up to 500 ms
-// let back-to-back large copies starve the setup (H100, 2026-12-06: CuPy's five 1 GiB `get()`s
-// were all passed to the driver, one buffer pinned after each).
-constexpr uint64_t kMaxSetupPauseNs = 5'000'000;
-
-// Before the setup pins a buffer: while the program's copies run, waits until one of them ends (or
-// kMaxSetupPauseNs), then pins even if another has started, so that back-to-back copies cannot hold
-// it for long.
-void let_copies_through() {
-  if (g_copies_in_flight.load(std::memory_order_acquire) == 0) return;
-  const uint64_t ended = g_copies_ended.load(std::memory_order_acquire);
-  const uint64_t start = monotonic_ns();
-  while (g_copies_in_flight.load(std::memory_order_acquire) > 0 &&
-         g_copies_ended.load(std::memory_order_acquire) == ended && monotonic_ns() - start < kMaxSetupPauseNs) {
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
-  g_setup_paused_ns.fetch_add(monotonic_ns() - start, std::memory_order_relaxed);
 }
 
 // A pipeline carries one copy at a time for one context (GPU): its own staging ring, DMA stream and
@@ -236,9 +201,7 @@ bool Engine::make(CUcontext ctx, const std::optional<Settings>& first) {
   p->setup_expected_ns = static_cast<uint64_t>(static_cast<double>(p->setup_bytes) / gbps);
   p->passed_bytes = 0;
   pipelines_.push_back(p);
-  g_preparing.fetch_add(1, std::memory_order_acq_rel);
-  // The copy that makes it was not counted (nothing was being set up): its setup waits for it too.
-  if (t_in_copy && !t_in_flight) count_in_flight();
+  setup_begins();
   std::thread([this, p] { prepare(p); }).detach();
   return true;
 }
@@ -293,15 +256,13 @@ Pipeline* Engine::claim(const CopyRequest& req, Pass* pass, CUevent* tail) {
       break;
     }
     if (ticket == 0) waiting_.emplace_back(req.ctx, ticket = ++tickets_);
-    // While it waits (for the setup, or its turn), the copy does not hold the setup's pinning back.
-    if (t_in_flight) g_copies_in_flight.fetch_sub(1, std::memory_order_acq_rel);
+    NotInFlight waiting;  // while it waits (for the setup, or its turn), it holds no pinning back
     const uint64_t now = monotonic_ns();
     if (state == Pipeline::Preparing && deadline) {  // its wait for the setup: never past the deadline
       if (deadline > now) changed_.wait_for(lock, std::chrono::nanoseconds(deadline - now));
     } else {
       changed_.wait(lock);
     }
-    if (t_in_flight) g_copies_in_flight.fetch_add(1, std::memory_order_acq_rel);
   }
   give_back_wait();
   leave_line();
@@ -366,7 +327,7 @@ void Engine::prepare(Pipeline* p) {
                "meanwhile), %d workers started in %.1f ms", p->ring.count(), p->ring.slot_bytes(),
                static_cast<double>(t1 - t0) / 1e6, p->ring.reserved(),
                static_cast<double>(p->ring.map_ns()) / 1e6, static_cast<double>(p->ring.pin_ns()) / 1e6,
-               static_cast<double>(g_setup_paused_ns.load()) / 1e6, threads_of(most) - 1,
+               static_cast<double>(setup_paused_ns()) / 1e6, threads_of(most) - 1,
                static_cast<double>(monotonic_ns() - t1) / 1e6);
   }
   if (recording()) {  // (`cmt profile`: when copies found it still running, and for how long)
@@ -377,7 +338,7 @@ void Engine::prepare(Pipeline* p) {
     std::lock_guard<std::mutex> lock(pipelines_mutex_);
     p->state.store(ok ? Pipeline::Ready : Pipeline::Failed, std::memory_order_release);
   }
-  g_preparing.fetch_sub(1, std::memory_order_acq_rel);
+  setup_ends();
   changed_.notify_all();
   if (!ok) log::write(log::Level::Debug, "the staging pipeline could not be set up; copies go to the driver");
 }
@@ -586,20 +547,6 @@ std::once_flag g_engine_once;
 
 }  // namespace
 
-CopyInFlight::CopyInFlight() {
-  if (t_in_copy) return;  // inside another: that one counts
-  owner_ = t_in_copy = true;
-  if (g_preparing.load(std::memory_order_acquire) > 0) count_in_flight();
-}
-CopyInFlight::~CopyInFlight() {
-  if (!owner_) return;
-  t_in_copy = false;
-  if (!t_in_flight) return;
-  t_in_flight = false;
-  g_copies_ended.fetch_add(1, std::memory_order_acq_rel);
-  g_copies_in_flight.fetch_sub(1, std::memory_order_acq_rel);
-}
-
 CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns, Pass* pass) {
   std::call_once(g_engine_once, [] { g_engine = new Engine(); });  // never destroyed: workers live on
   return g_engine->copy(req, ran_ns, pass);
@@ -638,23 +585,8 @@ void engine_forget_after_fork() {
 
 void engine_context_ended(CUcontext ctx) {
   if (!ctx) return;
-  {
-    std::lock_guard<std::mutex> lock(g_ended_mutex);
-    // (its events went with it: per-thread caches start again, copy_path.cpp)
-    g_ended.emplace_back(ctx, g_contexts_ended.fetch_add(1, std::memory_order_acq_rel) + 1);
-  }
+  note_context_ended(ctx);  // (its events went with it: per-thread caches start again, copy_path.cpp)
   if (g_engine) g_engine->context_ended(ctx);
 }
-
-bool engine_context_ended_since(CUcontext ctx, uint64_t seen) {
-  if (g_contexts_ended.load(std::memory_order_acquire) == seen) return false;  // the usual case: one load
-  std::lock_guard<std::mutex> lock(g_ended_mutex);
-  for (const auto& [c, n] : g_ended) {
-    if (c == ctx && n > seen) return true;
-  }
-  return false;
-}
-
-uint64_t engine_contexts_ended() { return g_contexts_ended.load(std::memory_order_acquire); }
 
 }  // namespace cmt

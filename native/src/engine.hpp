@@ -58,23 +58,6 @@ CUresult engine_copy(const CopyRequest& req, uint64_t* ran_ns = nullptr, Pass* p
 // then find the staging ready rather than go to the driver while it is made (copy_path.cpp).
 void engine_prepare(CUcontext ctx);
 
-// Held around each intercepted copy, its checks and its driver call included. A real driver's calls
-// wait while another thread pins memory (H100, 2026-12-06: the first 64 MiB device-to-host copy took
-// 50-80 ms against 9 plain, its checks waiting on the setup's pinning of 112 MiB), so the setup pins
-// no further staging buffer while one runs: a copy waits for one buffer's pinning at most. A copy
-// that waits for the setup itself does not count meanwhile; nor do copies while no pipeline is being
-// set up (a copy already running when another thread's starts a setup is not waited for).
-class CopyInFlight {
- public:
-  CopyInFlight();
-  ~CopyInFlight();
-  CopyInFlight(const CopyInFlight&) = delete;
-  CopyInFlight& operator=(const CopyInFlight&) = delete;
-
- private:
-  bool owner_ = false;
-};
-
 // For pipelines of their own (stream_pipeline.hpp): registers `run` with the engine's lane pool
 // (false when it takes no more, or in a forked child), and runs `job` on up to `lanes` of its lanes,
 // lane 0 in the calling thread, sharing the pool's budget with every other copy.

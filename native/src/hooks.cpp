@@ -24,6 +24,7 @@
 #include "pin_record.hpp"
 #include "rate_guard.hpp"
 #include "recorder.hpp"
+#include "setup_pacing.hpp"
 #include "stats.hpp"
 
 #define API_EXPORT __attribute__((visibility("default")))
