@@ -97,8 +97,7 @@ for mode in "${modes[@]}"; do
     fullprofile) mkdir -p /tmp/cmt-fw
                for w in hf-load safetensors-cuda; do
                  s=$(python3 -c "from cmt.bench import workloads as w; print(w.select('$w')[0].path)")
-                 python3 "$s" --prepare --work-dir /tmp/cmt-fw > /dev/null 2>&1
-                 python3 "$s" --work-dir /tmp/cmt-fw > /dev/null 2>&1  # its files warm in the page cache
+                 python3 "$s" --prepare --work-dir /tmp/cmt-fw > /dev/null 2>&1  # (its files written: in the page cache)
                  COLUMNS=150 timeout 150 python3 -m cmt profile --trace "$OUT/$w-trace.json" -- python3 "$s" \
                    --work-dir /tmp/cmt-fw > "$OUT/$w-profile.txt" 2>&1
                  COLUMNS=150 timeout 150 python3 -m cmt profile --passthrough -- python3 "$s" --work-dir /tmp/cmt-fw \

@@ -278,9 +278,8 @@ bool Engine::may_wait_for_setup(Pipeline* p, const CopyRequest& req, uint64_t* d
   const bool copies_a_lot = p->passed_bytes >= p->setup_bytes;
   const uint64_t share = copies_a_lot ? p->setup_wait_left_ns
       : std::min(static_cast<uint64_t>(static_cast<double>(req.bytes) / gbps / 2), p->setup_wait_left_ns);
-  const uint64_t expected = p->setup_expected_ns;
   const uint64_t elapsed = now - p->setup_start_ns;
-  if (expected > elapsed && expected - elapsed > share) return false;  // not done by then
+  if (p->setup_expected_ns > elapsed && p->setup_expected_ns - elapsed > share) return false;  // not done by then
   p->setup_wait_left_ns -= share;
   *deadline = now + share;
   log::debug_once(copies_a_lot ? 0x5e7b : 0x5e7a, "a large copy came while the staging was being set up%s: it "

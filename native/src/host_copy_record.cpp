@@ -8,7 +8,7 @@ namespace cmt {
 
 const char* host_call_name(HostCall c) {
   static const char* const kNames[kHostCalls] = {"memcpy", "memmove", "__memcpy_chk", "__memmove_chk",
-                                                                "memset", "__memset_chk"};
+                                                 "memset", "__memset_chk"};
   return kNames[static_cast<int>(c)];
 }
 

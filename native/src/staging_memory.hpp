@@ -30,7 +30,7 @@ void staging_reserve_start(CUdevice dev, int slots, size_t bytes);
 // taken from is closed: what it did not give is unmapped.
 int map_staging(void** mem, int n, size_t bytes, int dev, bool any);
 
-// Whether staging was faulted in ahead in this process (a setup then mostly registers it).
+// Whether staging faulted in ahead is waiting for a setup now (one then mostly registers it).
 bool staging_faulted_ahead();
 
 // A forked child has none of the reserves' pages (MADV_DONTFORK): it forgets them.
