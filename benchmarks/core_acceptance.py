@@ -236,6 +236,9 @@ def main() -> None:
                     help="plain and cmt processes for the large copies, taken in turn (default 3)")
     ap.add_argument("--first-use", action="store_true",
                     help="only each process's first copies (seconds, not minutes), with CMT_STATS's counts")
+    ap.add_argument("--small-only", action="store_true",
+                    help="only the 4 KiB pass-through copies, in --small-pairs plain and cmt processes taken in turn")
+    ap.add_argument("--small-pairs", type=int, default=5, help="process pairs for the 4 KiB copies (default 5)")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--inner-small", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--inner-first", action="store_true", help=argparse.SUPPRESS)
@@ -256,18 +259,18 @@ def main() -> None:
     runs: dict[str, list[dict]] = {"plain": [], "cmt": []}
     inner = "--inner-first" if args.first_use else "--inner"
     stats_lines = []
-    for _ in range(args.processes):
+    for _ in range(0 if args.small_only else args.processes):
         runs["plain"].append(run([], inner)[0])
         result, cmt_stderr = run(under_cmt, inner)
         runs["cmt"].append(result)
         stats_lines.append([x for x in cmt_stderr.splitlines() if "stats" in x or "copies" in x])
-    plain, cmt = medians(runs["plain"]), medians(runs["cmt"])
+    plain, cmt = (medians(runs["plain"]), medians(runs["cmt"])) if runs["plain"] else ({}, {})
     # Small copies differ by less than processes do from one another (8.6-12.2 µs per copy for the
     # same side on the H200 machine): alternate plain and cmt processes, keep each side's median,
     # and the median of the pairs' ratios.
     if not args.first_use:
         small = {"plain": [], "cmt": []}
-        for _ in range(5):
+        for _ in range(args.small_pairs):
             for side, prefix in (("plain", []), ("cmt", under_cmt)):
                 small[side].append(run(prefix, "--inner-small")[0]["h2d_4KiB_x1e5"])
         for side, into in (("plain", plain), ("cmt", cmt)):
@@ -289,7 +292,8 @@ def main() -> None:
             if "runs_us_per_copy" in p:
                 pairs = [b / a for a, b in zip(p["runs_us_per_copy"], c["runs_us_per_copy"], strict=True)]
                 rows[key]["pair_slowdown_pct"] = round((statistics.median(pairs) - 1) * 100, 2)
-    for tag in () if args.first_use else ("64MiB", "1GiB"):  # (first use: no steady copies to compare)
+    # (first use, small only: no steady copies to compare)
+    for tag in () if args.first_use or args.small_only else ("64MiB", "1GiB"):
         for d in ("h2d", "d2h"):
             if f"{d}_cudamemcpy_pinned_{tag}" in cmt:  # cudaMemcpy against cudaMemcpy, in the cmt run
                 rows[f"{d}_cudamemcpy_pageable_{tag}"].update(ratio_fields(

@@ -6,6 +6,13 @@
 #   core     benchmarks/core_acceptance.py, $PROCESSES (default 3) plain and cmt processes in turn
 #                                                                      (-> core-acceptance.json)
 #   firstuse the same, only each process's first copies, $PROCESSES (default 5)  (-> first-use.json)
+#   small    only the 4 KiB pass-through copies of core, $PAIRS (default 7) plain and cmt processes in
+#            turn                                                      (-> small-copies.json)
+#   firstcopies  research/first_copies.py, 3 processes each: plain, under cmt run (CMT_LOG=debug: the
+#            setup's time and pauses), and under cmt run with no staging faulted in at the context
+#            (test hook reserve=0)                                     (-> first-copies.txt)
+#   hfspan   research/hf_copy_span.py on the full hf-load model, 3 processes plain and 3 under cmt run
+#            in turn: the call's time against its copies' (the ceiling of its speed-up) (-> hf-span.txt)
 #   copy     cmt bench copy, the full sweep                            (-> copy.json, copy.png)
 #   load     cmt bench load, every scenario over 3 process pairs (about 6.5 minutes; stopped at 8:
 #            `install load` fits one call, not beside other modes; LOAD_ARGS narrows it, e.g.
@@ -77,6 +84,20 @@ for mode in "${modes[@]}"; do
             --out "$OUT/core-acceptance.json" 2>&1 | tail -30 ;;
     firstuse) timeout 300 python3 benchmarks/core_acceptance.py --first-use --processes "${PROCESSES:-5}" \
                 --out "$OUT/first-use.json" 2>&1 | tail -12 ;;
+    small) timeout 300 python3 benchmarks/core_acceptance.py --small-only --small-pairs "${PAIRS:-7}" \
+             --out "$OUT/small-copies.json" 2>&1 | tail -5 ;;
+    firstcopies) { for k in 1 2 3; do
+                     echo "== plain"; timeout 60 python3 research/first_copies.py
+                     echo "== cmt"; CMT_LOG=debug CMT_STATS=1 timeout 60 python3 -m cmt run -- python3 research/first_copies.py
+                     echo "== cmt reserve=0"; CMT_TEST_HOOKS=reserve=0 CMT_LOG=debug CMT_STATS=1 timeout 60 \
+                       python3 -m cmt run -- python3 research/first_copies.py
+                   done; } 2>&1 | tee "$OUT/first-copies.txt" | grep -E "==|first|later|again|set up" | cut -c1-180 ;;
+    hfspan) mkdir -p /tmp/cmt-fw
+            s=$(python3 -c "from cmt.bench import workloads as w; print(w.select('hf-load')[0].path)")
+            python3 "$s" --prepare --work-dir /tmp/cmt-fw > /dev/null 2>&1
+            { for k in 1 2 3; do echo "== plain"; timeout 90 python3 research/hf_copy_span.py /tmp/cmt-fw 2>&1 | tail -1
+                echo "== cmt"; timeout 90 python3 -m cmt run -- python3 research/hf_copy_span.py /tmp/cmt-fw 2>&1 | tail -1
+              done; } | tee "$OUT/hf-span.txt" ;;
     copy) timeout 200 python3 -m cmt bench copy --out "$OUT" 2>&1 | tail -45 ;;
     load) COLUMNS=150 timeout ${LOAD_TIMEOUT:-480} python3 -m cmt bench load ${LOAD_ARGS:-} --out "$OUT" 2>&1 | tail -100 ;;
     doctor) COLUMNS=150 python3 -m cmt doctor --path . > "$OUT/doctor.txt" 2>&1; cat "$OUT/doctor.txt"
@@ -146,7 +167,7 @@ for mode in "${modes[@]}"; do
 print(",".join(n for n in w.names() if n.startswith("model-load") and n.endswith(c)))')}
             COLUMNS=150 timeout 540 python3 -m cmt bench workloads --only "$only" ${QUICK:+--quick} ${ROUNDS:+--rounds $ROUNDS} --out "$OUT" 2>&1 |
               tail -40 ;;
-    *) echo "unknown mode $mode (install, tests, core, firstuse, copy, load, doctor, io, ioacc, streamcheck, coldread, colddepth, fullprofile, turns, frameworks, setup, jax, models, all)"; false ;;
+    *) echo "unknown mode $mode (install, tests, core, firstuse, copy, load, doctor, io, ioacc, streamcheck, coldread, colddepth, fullprofile, turns, small, firstcopies, hfspan, frameworks, setup, jax, models, all)"; false ;;
   esac || { status=1; echo "== $mode failed"; }
 done
 ls -l "$OUT"
