@@ -189,12 +189,13 @@ void staging_reserve_start(CUdevice dev, int slots, size_t bytes) {
   }
 }
 
-bool staging_faulted_ahead() {
+size_t staging_ready_bytes(size_t slot_bytes) {
   std::lock_guard<std::mutex> lock(g_mutex);
+  size_t ready = 0;
   for (const Reserve* r : g_reserves) {
-    if (r && !r->closed) return true;
+    if (r && !r->closed && r->bytes == slot_bytes) ready += r->ready.size() * slot_bytes;
   }
-  return false;
+  return ready;
 }
 
 int map_staging(void** mem, int n, size_t bytes, int dev, bool any) {
