@@ -23,7 +23,11 @@ def test_a_parked_lanes_piece_is_taken_over_and_every_byte_arrives(fake_driver_d
     again = s("one_way", direction=direction, size=32 * MIB, seed=8)  # the slots came back
     s.close()
     assert r["bytes_ok"] and outcome(r, direction) == {"accelerated": 1}, r
-    assert r["events"]["taken_over"] >= 1, r
+    # Device-to-host blocks follow their slots' chains: a lane that needs the parked block's slot
+    # takes its piece over. A host-to-device block holds up its own slot only (the next block gets
+    # whichever slot is freed first), so the other slots carry the copy on without taking it over.
+    if direction == "d2h":
+        assert r["events"]["taken_over"] >= 1, r
     assert again["bytes_ok"] and outcome(again, direction) == {"accelerated": 1}, again
     # The parked lane's 150 ms are hidden: the other lanes went on (without taking its piece over, the
     # copy would take them on top of its DMAs).

@@ -46,6 +46,8 @@ struct Env {
   bool test_read_eio_once = false;  // read_eio_once=1: only the first time
   long test_read_slow_after = 0;   // read_slow_after=K, read_slow_us=N: from the (K+1)th split read on,
   long test_read_slow_us = 0;      //   each piece first sleeps N µs (descheduled lanes; large_read.cpp)
+  long test_disk_slow_at = -1;     // disk_slow_at=OFFSET, disk_slow_us=N: the storage path's piece at
+  long test_disk_slow_us = 0;      //   that file offset counts as disk I/O and first sleeps N µs (file_end.cpp)
   std::string test_sysfs;  // sysfs=PATH: where the NUMA placement reads sysfs (a made-up tree)
   std::string test_node;   // node=NAME: the node budget's own segment (tests beside each other share none)
 };

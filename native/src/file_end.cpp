@@ -9,9 +9,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
+#include "env.hpp"
 #include "log.hpp"
 #include "page_cache.hpp"
 
@@ -201,6 +204,12 @@ size_t FileEnd::try_direct(char* buf, uint64_t pos, size_t len, bool write, int*
   return done;
 }
 
+bool FileEnd::in_disk_io(size_t off) {
+  std::lock_guard<std::mutex> lock(pieces_mutex_);
+  auto it = pieces_.find(base_ + off);
+  return it != pieces_.end() && it->second.direct && !it->second.done;
+}
+
 bool FileEnd::claim(uint64_t pos, CUresult* result) {
   std::unique_lock<std::mutex> lock(pieces_mutex_);
   auto [it, fresh] = pieces_.try_emplace(pos);
@@ -229,10 +238,13 @@ CUresult FileEnd::transfer(char* buf, uint64_t pos, size_t len, bool write) {
   bool ended = false;
   // Whether the piece goes O_DIRECT is known before its I/O: lanes that come to it meanwhile wait.
   const bool direct_first = will_go_direct(buf, pos, len);
-  if (direct_first) {
+  // (CMT_TEST_HOOKS disk_slow_at/disk_slow_us: a disk read slower than the others)
+  const bool slow = env().test_disk_slow_us && static_cast<long>(pos) == env().test_disk_slow_at;
+  if (direct_first || slow) {
     std::lock_guard<std::mutex> lock(pieces_mutex_);
     pieces_[pos].direct = true;
   }
+  if (slow) std::this_thread::sleep_for(std::chrono::microseconds(env().test_disk_slow_us));
   const size_t direct = direct_first ? try_direct(buf, pos, len, write, &err, &ended) : 0;
   size_t done = direct;
   if (!err && !ended && done < len) {
@@ -246,7 +258,7 @@ CUresult FileEnd::transfer(char* buf, uint64_t pos, size_t len, bool write) {
     fail(err, pos + done);  // err 0: the file ended before the range the caller was promised
     result = CUDA_ERROR_UNKNOWN;
   }
-  settle(pos, direct_first, result);
+  settle(pos, direct_first || slow, result);
   return result;
 }
 

@@ -87,6 +87,7 @@ class FileEnd final : public HostEnd {
       : file_(file), base_(file_off), allow_direct_(direct) {}
   CUresult fill(char* staging, size_t off, size_t len, bool streaming) override;
   CUresult drain(const char* staging, size_t off, size_t len, bool streaming) override;
+  bool in_disk_io(size_t off) override;
 
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   int error() const { return err_; }               // errno; 0 when the file ended early

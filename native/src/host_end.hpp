@@ -19,6 +19,9 @@ class HostEnd {
   // lanes have got, so that an end that must prepare its bytes can keep ahead of them.
   virtual CUresult drain(const char* staging, size_t off, size_t len, bool streaming) = 0;
   virtual void prepare_drain(size_t upto) { (void)upto; }
+  // Whether the piece at `off` is a disk transfer in progress that another lane could only wait for
+  // (it is never done twice): such a piece is not taken over (job.hpp).
+  virtual bool in_disk_io(size_t off) { (void)off; return false; }
 };
 
 // Pageable memory of the program. A device-to-host destination not faulted in yet is faulted in

@@ -62,6 +62,7 @@ void Job::start() {
   next.store(0, std::memory_order_relaxed);
   error.store(CUDA_SUCCESS, std::memory_order_relaxed);
   blocks_done_.store(0, std::memory_order_relaxed);
+  next_unslotted_.store(static_cast<size_t>(slots), std::memory_order_relaxed);
   ring->start_copy(slots, buffers);
   if (plan.dir == Direction::HtoD) {
     // The first blocks wait only for their slots' DMAs of the copy before (DMA 0).
@@ -165,10 +166,9 @@ CUresult Job::queue_first_round() {
   return CUDA_SUCCESS;
 }
 
-// The slot for block b: its chain's, unless a late lane may still touch that one; then a spare.
-// Without a free spare it waits for the late lane to leave, as it would without spares.
-int Job::choose_slot(size_t b) {
-  const int s = blocks_[b - slots].slot.load(std::memory_order_acquire);
+// The slot for the next block: the one a done block freed, unless a late lane may still touch it;
+// then a spare. Without a free spare it waits for the late lane to leave, as it would without spares.
+int Job::choose_slot(int s) {
   Slot& mine = (*ring)[s];
   if (mine.late.load(std::memory_order_acquire) == 0) return s;
   {
@@ -191,14 +191,15 @@ int Job::choose_slot(size_t b) {
   return s;
 }
 
-// Block b's pieces are all done: host-to-device, queue its DMA and give the next block of its chain
-// a slot; device-to-host, queue the next block's DMA into a slot.
+// Block b's pieces are all done: host-to-device, queue its DMA and give its slot to the next block
+// without one; device-to-host, queue the DMA of the next block of its chain into a slot.
 bool Job::complete_block(size_t b, int s) {
-  const size_t nb = b + static_cast<size_t>(slots);
+  const size_t nb = slots_to_any_block() ? next_unslotted_.fetch_add(1, std::memory_order_acq_rel)
+                                         : b + static_cast<size_t>(slots);
   CUresult r = CUDA_SUCCESS;
   if (plan.dir == Direction::HtoD) r = queue_dma(b, s);
   if (r == CUDA_SUCCESS && nb < plan.blocks) {
-    const int q = choose_slot(nb);
+    const int q = choose_slot(s);
     if (q < 0) return false;
     if (plan.dir == Direction::DtoH) r = queue_dma(nb, q);
     blocks_[nb].use = (*ring)[q].uses.load(std::memory_order_acquire);
@@ -212,16 +213,17 @@ bool Job::complete_block(size_t b, int s) {
   return true;
 }
 
-// Waits until block b has a slot (the block before it in its chain is done), taking over that
-// block's pieces if their lanes stall.
+// Waits until block b has a slot (a block before it is done: any, or the one before it in its
+// chain), taking over stalled pieces of those blocks.
 int Job::await_slot(size_t b, int lane) {
   int s = blocks_[b].slot.load(std::memory_order_acquire);
   if (s >= 0) return s;
   Backoff backoff;
   const uint64_t start = monotonic_ns();
+  const size_t before = slots_to_any_block() ? kNoPiece : b - static_cast<size_t>(slots);
   while ((s = blocks_[b].slot.load(std::memory_order_acquire)) < 0) {
     if (failed()) return -1;
-    if (monotonic_ns() - start > stall_ns_ && take_over(b - static_cast<size_t>(slots), lane)) continue;
+    if (monotonic_ns() - start > stall_ns_ && take_over(before, lane)) continue;
     backoff.pause();
   }
   return s;
@@ -277,6 +279,8 @@ bool Job::take_over(size_t block, int lane) {
                                : now - lanes_[l].claimed.load(std::memory_order_acquire) > stall_ns_ &&
                                      slot_ready(s, blocks_[b].use);
     if (!stalled) continue;
+    const size_t off = plan.block_off[b] + (p - plan.piece_off[b]) * plan.piece_len[b];
+    if (since && host->in_disk_io(off)) continue;  // a disk read or write under way: only waiting
     Slot& sl = (*ring)[s];
     sl.late.fetch_add(1, std::memory_order_acq_rel);  // before the piece is ours: its lane gives it back
     uint8_t open = Open;

@@ -6,6 +6,9 @@
 //     piece to the host end; the lane that drains a block queues the DMA of the next one into a slot.
 // All lanes work on the same blocks, claiming pieces in order, so a block fills (or drains) at the
 // speed of all lanes together while the copy engine works on the blocks before it.
+//   A host-to-device block gets the slot of whichever block was done first, not that of the block
+//   a ring before it: a slow piece (a cold disk read) then holds up its own slot only, where a
+//   chain would idle every lane that reached the next block of that chain.
 //
 // A descheduled lane must not hold the copy up. A lane that waits for a block whose piece another
 // lane claimed and has not finished in a while does that piece itself (it "takes it over"). The
@@ -89,7 +92,9 @@ struct Job {
   bool do_piece(size_t p, size_t b, int s, bool own, int lane);
   bool complete_block(size_t b, int s);
   CUresult queue_dma(size_t b, int s);
-  int choose_slot(size_t b);
+  int choose_slot(int freed);
+  // Host-to-device (not stream-ordered): a done block's slot goes to the next block without one.
+  bool slots_to_any_block() const { return plan.dir == Direction::HtoD && !words; }
   int await_slot(size_t b, int lane);
   bool wait_done(int s, long use);
   bool slot_ready(int s, long use);
@@ -105,6 +110,7 @@ struct Job {
   size_t piece_capacity_ = 0;
   LaneRecord lanes_[kMaxThreads];
   std::atomic<size_t> blocks_done_{0};
+  std::atomic<size_t> next_unslotted_{0};  // slots_to_any_block: the next block to get a freed slot
   uint64_t stall_ns_ = 0;  // a piece claimed this long ago and not finished may be taken over
   std::mutex spare_mutex_;
 };
