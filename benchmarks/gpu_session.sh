@@ -8,7 +8,7 @@
 #   firstuse the same, only each process's first copies, $PROCESSES (default 5)  (-> first-use.json)
 #   small    only the 4 KiB pass-through copies of core, $PAIRS (default 7) plain and cmt processes in
 #            turn                                                      (-> small-copies.json)
-#   firstcopies  research/first_copies.py, 3 processes each: plain, under cmt run (CMT_LOG=debug: the
+#   firstcopies  research/first_copies.py, $ROUNDS (default 3) processes each: plain, under cmt run (CMT_LOG=debug: the
 #            setup's time and pauses), and under cmt run with no staging faulted in at the context
 #            (test hook reserve=0)                                     (-> first-copies.txt)
 #   hfspan   research/hf_copy_span.py on the full hf-load model, 3 processes plain and 3 under cmt run
@@ -31,7 +31,8 @@
 #                                                      (-> cold-read-modes.json, cold-read-modes.txt)
 #   colddepth  research/cold_depth.py: cold whole-file reads of 3.6 GiB in fresh processes taken in turn,
 #            cmt.io with 4x8, 16x8, 16x16 and 32x8 MiB of staging in flight against fastsafetensors'
-#            own load, 2 rounds (about 2 minutes)                      (-> cold-depth.txt)
+#            own load, $ROUNDS (default 2) rounds, about 2 minutes; CONFIGS=4x8,fst,... for some
+#                                                                      (-> cold-depth.txt)
 #   fullprofile  the full-size hf-load (3.8 GB from_pretrained) and safetensors-cuda (2 GiB load_file) workloads
 #            under cmt profile, each with its trace, then with every copy passed to the driver (--passthrough):
 #            each copy's and pinning call's time, and how long a copy was in flight, staged and plain
@@ -86,7 +87,7 @@ for mode in "${modes[@]}"; do
                 --out "$OUT/first-use.json" 2>&1 | tail -12 ;;
     small) timeout 300 python3 benchmarks/core_acceptance.py --small-only --small-pairs "${PAIRS:-7}" \
              --out "$OUT/small-copies.json" 2>&1 | tail -5 ;;
-    firstcopies) { for k in 1 2 3; do
+    firstcopies) { for k in $(seq "${ROUNDS:-3}"); do
                      echo "== plain"; timeout 60 python3 research/first_copies.py
                      echo "== cmt"; CMT_LOG=debug CMT_STATS=1 timeout 60 python3 -m cmt run -- python3 research/first_copies.py
                      echo "== cmt reserve=0"; CMT_TEST_HOOKS=reserve=0 CMT_LOG=debug CMT_STATS=1 timeout 60 \
@@ -113,7 +114,8 @@ for mode in "${modes[@]}"; do
                     --seconds-max "${COLD_SECONDS:-240}" --json "$OUT/cold-read-modes.json" > "$OUT/cold-read-modes.txt"
                   rc=$?; cat "$OUT/cold-read-modes.txt"; rm -f /tmp/cmt-io/cold-read-4g.bin /tmp/cmt-io/cold-read-4g.bin.making
                   [ $rc -eq 0 ]; } ;;
-    colddepth) mkdir -p /tmp/cmt-io && timeout 300 python3 research/cold_depth.py /tmp/cmt-io 2>&1 | grep -v "^cmt\[" |
+    colddepth) mkdir -p /tmp/cmt-io && timeout 300 python3 research/cold_depth.py /tmp/cmt-io ${CONFIGS:+--configs $CONFIGS} \
+                 --rounds "${ROUNDS:-2}" 2>&1 | grep -v "^cmt\[" |
                  tee "$OUT/cold-depth.txt" ;;
     fullprofile) mkdir -p /tmp/cmt-fw
                for w in hf-load safetensors-cuda; do
