@@ -13,6 +13,9 @@
 #            (test hook reserve=0)                                     (-> first-copies.txt)
 #   hfspan   research/hf_copy_span.py on the full hf-load model, 3 processes plain and 3 under cmt run
 #            in turn: the call's time against its copies' (the ceiling of its speed-up) (-> hf-span.txt)
+#   mappedwarm  research/mapped_warm.py, 3 processes plain and 3 under cmt run in turn: one thread's
+#            32 MiB copies to the GPU out of a warm file mapping (fresh, its pages touched, private)
+#            and out of memory                                         (-> mapped-warm.txt)
 #   copy     cmt bench copy, the full sweep                            (-> copy.json, copy.png)
 #   load     cmt bench load, every scenario over 3 process pairs (about 6.5 minutes; stopped at 8:
 #            `install load` fits one call, not beside other modes; LOAD_ARGS narrows it, e.g.
@@ -99,6 +102,10 @@ for mode in "${modes[@]}"; do
             { for k in 1 2 3; do echo "== plain"; timeout 90 python3 research/hf_copy_span.py /tmp/cmt-fw 2>&1 | tail -1
                 echo "== cmt"; timeout 90 python3 -m cmt run -- python3 research/hf_copy_span.py /tmp/cmt-fw 2>&1 | tail -1
               done; } | tee "$OUT/hf-span.txt" ;;
+    mappedwarm) mkdir -p /tmp/cmt-io
+                { for k in 1 2 3; do echo "== plain"; timeout 60 python3 research/mapped_warm.py /tmp/cmt-io 2>&1 | grep "{"
+                    echo "== cmt"; timeout 60 python3 -m cmt run -- python3 research/mapped_warm.py /tmp/cmt-io 2>&1 | grep "{"
+                  done; } | tee "$OUT/mapped-warm.txt" ;;
     copy) timeout 200 python3 -m cmt bench copy --out "$OUT" 2>&1 | tail -45 ;;
     load) COLUMNS=150 timeout ${LOAD_TIMEOUT:-480} python3 -m cmt bench load ${LOAD_ARGS:-} --out "$OUT" 2>&1 | tail -100 ;;
     doctor) COLUMNS=150 python3 -m cmt doctor --path . > "$OUT/doctor.txt" 2>&1; cat "$OUT/doctor.txt"
@@ -169,7 +176,7 @@ for mode in "${modes[@]}"; do
 print(",".join(n for n in w.names() if n.startswith("model-load") and n.endswith(c)))')}
             COLUMNS=150 timeout 540 python3 -m cmt bench workloads --only "$only" ${QUICK:+--quick} ${ROUNDS:+--rounds $ROUNDS} --out "$OUT" 2>&1 |
               tail -40 ;;
-    *) echo "unknown mode $mode (install, tests, core, firstuse, copy, load, doctor, io, ioacc, streamcheck, coldread, colddepth, fullprofile, turns, small, firstcopies, hfspan, frameworks, setup, jax, models, all)"; false ;;
+    *) echo "unknown mode $mode (install, tests, core, firstuse, copy, load, doctor, io, ioacc, streamcheck, coldread, colddepth, fullprofile, turns, small, firstcopies, hfspan, mappedwarm, frameworks, setup, jax, models, all)"; false ;;
   esac || { status=1; echo "== $mode failed"; }
 done
 ls -l "$OUT"
