@@ -222,11 +222,12 @@ def test_a_copy_does_not_wait_for_staging_still_being_faulted_in_ahead(fake_driv
     # under cmt against 4.9 plain (H100, 2026-12-07): the setup was expected at the speed of
     # registering its staging, as if it were all faulted in ahead, while the reserve was still
     # faulting it in, so the copy waited out its share and then went to the driver. Here the ring is
-    # 16 slots of 32 MiB (512 MiB: 33 ms to register, 215 ms to fault in and register), each slot
-    # 100 ms slower to fault in; the copy's share of a wait is 34 ms (half of 32 MiB at the plan's
-    # 0.5 GB/s). It comes as soon as the context is made and goes to the driver without waiting.
-    plan = ";".join(f"{d}:1=threads:2,buffers:14,chunk_bytes:33554432|driver:0.5" for d in ("h2d", "d2h"))
-    s = CopyServer(fake_driver_dir, CMT_PLAN=plan, CMT_TEST_HOOKS="guard=0,fault_us=100000", CMT_LOG="debug")
+    # 20 slots of 32 MiB (640 MiB: 40 ms to register, 268 ms to fault in and register), each slot
+    # 1 s slower to fault in; the copy's share of a wait is the pipeline's 40 ms (half of 32 MiB at
+    # the plan's 0.4 GB/s is more). It comes once the context is made (within 228 ms of it, even on a
+    # busy runner) and goes to the driver without waiting.
+    plan = ";".join(f"{d}:1=threads:2,buffers:18,chunk_bytes:33554432|driver:0.4" for d in ("h2d", "d2h"))
+    s = CopyServer(fake_driver_dir, CMT_PLAN=plan, CMT_TEST_HOOKS="guard=0,fault_us=1000000", CMT_LOG="debug")
     r = s("one_way", direction="h2d", size=32 * MIB)
     log = s.close()
     assert r["bytes_ok"] and outcome(r, "h2d") == {"warming": 1}, log

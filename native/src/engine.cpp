@@ -69,11 +69,11 @@ constexpr size_t kPassWhenBusy = 4u << 20;
 // MiB, 430 ms, and CuPy's two 256 MiB get()s all went to the driver while the setup ran.
 // It does not wait where the setup will not be done by then at kSetupGBps (80 MiB of staging took
 // 41 ms to set up, 1.9 GB/s, on the H100 host of 2026-12-06 when one thread faulted it in; 33.6 ms,
-// 2.5 GB/s, on the H200 when several did, staging_ring.cpp), or at kRegisterGBps for the slots already
-// faulted in ahead (staging_memory.hpp: 112 MiB registered in 6.9-7.1 ms, H100, 2026-12-07). Slots
-// still being faulted in ahead count at kSetupGBps: a copy right after the context is made found them
-// so, waited on an expected 7 ms, and the process's first 64 MiB device-to-host copy took 9.3 ms
-// against 4.9 plain (H100, 2026-12-07).
+// 2.5 GB/s, on the H200 when several did, staging_ring.cpp), or at kRegisterGBps where the staging
+// was faulted in ahead (staging_memory.hpp: 112 MiB registered in 6.9-7.1 ms, H100, 2026-12-07);
+// nor while the staging still being faulted in ahead takes longer than its share at kSetupGBps (the
+// first copies right after torch made the context came then, and the first 64 MiB device-to-host
+// copy took 9.3 ms under cmt against 4.9 plain, H100, 2026-12-07).
 constexpr size_t kWaitForSetupMinBytes = 4u << 20;
 constexpr uint64_t kSetupWaitBudgetNs = 40'000'000;
 constexpr double kAssumedDriverGBps = 12;
@@ -200,11 +200,8 @@ bool Engine::make(CUcontext ctx, const std::optional<Settings>& first) {
   const Settings most = p->setup_settings();
   p->setup_start_ns = monotonic_ns();
   p->setup_bytes = static_cast<uint64_t>(buffers_of(most) + kSpareSlots) * chunk_of(most);
-  // Slots faulted in ahead are only registered; the rest (those still being faulted in included)
-  // are faulted in first (GB/s = bytes per ns).
-  const double ahead = static_cast<double>(std::min<uint64_t>(staging_ready_bytes(chunk_of(most)), p->setup_bytes));
-  p->setup_expected_ns = static_cast<uint64_t>(ahead / kRegisterGBps +
-                                               (static_cast<double>(p->setup_bytes) - ahead) / kSetupGBps);
+  const double gbps = staging_faulted_ahead() ? kRegisterGBps : kSetupGBps;  // GB/s = bytes per ns
+  p->setup_expected_ns = static_cast<uint64_t>(static_cast<double>(p->setup_bytes) / gbps);
   p->passed_bytes = 0;
   pipelines_.push_back(p);
   setup_begins();
@@ -286,6 +283,8 @@ bool Engine::may_wait_for_setup(Pipeline* p, const CopyRequest& req, uint64_t* d
       : std::min(static_cast<uint64_t>(static_cast<double>(req.bytes) / gbps / 2), p->setup_wait_left_ns);
   const uint64_t elapsed = now - p->setup_start_ns;
   if (p->setup_expected_ns > elapsed && p->setup_expected_ns - elapsed > share) return false;  // not done by then
+  // Nor while more staging is still being faulted in ahead than can be in its share.
+  if (static_cast<double>(staging_pending_bytes()) / kSetupGBps > static_cast<double>(share)) return false;
   p->setup_wait_left_ns -= share;
   *deadline = now + share;
   log::debug_once(copies_a_lot ? 0x5e7b : 0x5e7a, "a large copy came while the staging was being set up%s: it "

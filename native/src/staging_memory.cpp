@@ -189,13 +189,21 @@ void staging_reserve_start(CUdevice dev, int slots, size_t bytes) {
   }
 }
 
-size_t staging_ready_bytes(size_t slot_bytes) {
+bool staging_faulted_ahead() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  size_t ready = 0;
   for (const Reserve* r : g_reserves) {
-    if (r && !r->closed && r->bytes == slot_bytes) ready += r->ready.size() * slot_bytes;
+    if (r && !r->closed) return true;
   }
-  return ready;
+  return false;
+}
+
+size_t staging_pending_bytes() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  size_t pending = 0;
+  for (const Reserve* r : g_reserves) {
+    if (r && !r->closed) pending += static_cast<size_t>(r->pending) * r->bytes;
+  }
+  return pending;
 }
 
 int map_staging(void** mem, int n, size_t bytes, int dev, bool any) {

@@ -30,9 +30,10 @@ void staging_reserve_start(CUdevice dev, int slots, size_t bytes);
 // taken from is closed: what it did not give is unmapped.
 int map_staging(void** mem, int n, size_t bytes, int dev, bool any);
 
-// How many bytes of slots of `slot_bytes` the open reserves hold faulted in now, ready for a setup
-// to register (slots still being faulted in are not counted: a setup waits for them).
-size_t staging_ready_bytes(size_t slot_bytes);
+// Whether staging faulted in ahead is waiting for a setup now (one then mostly registers it).
+bool staging_faulted_ahead();
+// How many bytes of it are still being faulted in (a setup that takes them waits for them).
+size_t staging_pending_bytes();
 
 // A forked child has none of the reserves' pages (MADV_DONTFORK): it forgets them.
 void staging_reserve_forget_after_fork();
