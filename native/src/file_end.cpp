@@ -210,10 +210,11 @@ bool FileEnd::in_disk_io(size_t off) {
   return it != pieces_.end() && it->second.direct && !it->second.done;
 }
 
-bool FileEnd::claim(uint64_t pos, CUresult* result) {
+bool FileEnd::claim(uint64_t pos, bool direct, CUresult* result) {
   std::unique_lock<std::mutex> lock(pieces_mutex_);
   auto [it, fresh] = pieces_.try_emplace(pos);
   Piece& piece = it->second;  // references survive the map's rehashing; iterators do not
+  if (fresh) piece.direct = direct;
   if (fresh || !piece.direct) return true;
   piece_done_.wait(lock, [&] { return piece.done; });
   *result = piece.result;
@@ -232,19 +233,16 @@ void FileEnd::settle(uint64_t pos, bool direct, CUresult result) {
 }
 
 CUresult FileEnd::transfer(char* buf, uint64_t pos, size_t len, bool write) {
-  CUresult result = CUDA_SUCCESS;
-  if (!claim(pos, &result)) return result;
-  int err = 0;
-  bool ended = false;
-  // Whether the piece goes O_DIRECT is known before its I/O: lanes that come to it meanwhile wait.
+  // Whether the piece goes O_DIRECT is known when it is claimed: a lane that comes to it later (its
+  // lane descheduled, the piece taken over) waits for it instead of reading the disk again.
   const bool direct_first = will_go_direct(buf, pos, len);
   // (CMT_TEST_HOOKS disk_slow_at/disk_slow_us: a disk read slower than the others)
   const bool slow = env().test_disk_slow_us && static_cast<long>(pos) == env().test_disk_slow_at;
-  if (direct_first || slow) {
-    std::lock_guard<std::mutex> lock(pieces_mutex_);
-    pieces_[pos].direct = true;
-  }
+  CUresult result = CUDA_SUCCESS;
+  if (!claim(pos, direct_first || slow, &result)) return result;
   if (slow) std::this_thread::sleep_for(std::chrono::microseconds(env().test_disk_slow_us));
+  int err = 0;
+  bool ended = false;
   const size_t direct = direct_first ? try_direct(buf, pos, len, write, &err, &ended) : 0;
   size_t done = direct;
   if (!err && !ended && done < len) {

@@ -103,9 +103,9 @@ class FileEnd final : public HostEnd {
   // rest is left to buffered I/O (or *err is set).
   size_t try_direct(char* buf, uint64_t pos, size_t len, bool write, int* err, bool* ended);
   void fail(int err, uint64_t at);
-  // Claims the piece at `pos`: false if another lane has it O_DIRECT (then *result is its outcome,
-  // once it has one).
-  bool claim(uint64_t pos, CUresult* result);
+  // Claims the piece at `pos`, to be read or written O_DIRECT (`direct`) or not: false if another
+  // lane has it O_DIRECT (then *result is its outcome, once it has one).
+  bool claim(uint64_t pos, bool direct, CUresult* result);
   void settle(uint64_t pos, bool direct, CUresult result);
 
   IoFile& file_;
