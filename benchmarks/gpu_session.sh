@@ -67,6 +67,15 @@ set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/cmt-out}
 mkdir -p "$OUT"
+# in_turn SECONDS CMD...: CMD plainly, then under cmt run, 3 times, each stopped after SECONDS; the
+# JSON lines each process prints, under "== plain" / "== cmt".
+in_turn() {
+  local s=$1; shift
+  for k in 1 2 3; do
+    echo "== plain"; timeout "$s" "$@" 2>&1 | grep "^{"
+    echo "== cmt"; timeout "$s" python3 -m cmt run -- "$@" 2>&1 | grep "^{"
+  done
+}
 { nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv; nproc
   grep -m1 "model name" /proc/cpuinfo; lscpu | grep -iE "L3|numa node\("; date -u; } > "$OUT/machine.txt" 2>&1
 if compgen -G ".whl/*.whl" > /dev/null; then
@@ -99,13 +108,9 @@ for mode in "${modes[@]}"; do
     hfspan) mkdir -p /tmp/cmt-fw
             s=$(python3 -c "from cmt.bench import workloads as w; print(w.select('hf-load')[0].path)")
             python3 "$s" --prepare --work-dir /tmp/cmt-fw > /dev/null 2>&1
-            { for k in 1 2 3; do echo "== plain"; timeout 90 python3 research/hf_copy_span.py /tmp/cmt-fw 2>&1 | tail -1
-                echo "== cmt"; timeout 90 python3 -m cmt run -- python3 research/hf_copy_span.py /tmp/cmt-fw 2>&1 | tail -1
-              done; } | tee "$OUT/hf-span.txt" ;;
+            in_turn 90 python3 research/hf_copy_span.py /tmp/cmt-fw | tee "$OUT/hf-span.txt" ;;
     mappedwarm) mkdir -p /tmp/cmt-io
-                { for k in 1 2 3; do echo "== plain"; timeout 60 python3 research/mapped_warm.py /tmp/cmt-io 2>&1 | grep "{"
-                    echo "== cmt"; timeout 60 python3 -m cmt run -- python3 research/mapped_warm.py /tmp/cmt-io 2>&1 | grep "{"
-                  done; } | tee "$OUT/mapped-warm.txt" ;;
+                in_turn 60 python3 research/mapped_warm.py /tmp/cmt-io | tee "$OUT/mapped-warm.txt" ;;
     copy) timeout 200 python3 -m cmt bench copy --out "$OUT" 2>&1 | tail -45 ;;
     load) COLUMNS=150 timeout ${LOAD_TIMEOUT:-480} python3 -m cmt bench load ${LOAD_ARGS:-} --out "$OUT" 2>&1 | tail -100 ;;
     doctor) COLUMNS=150 python3 -m cmt doctor --path . > "$OUT/doctor.txt" 2>&1; cat "$OUT/doctor.txt"

@@ -19,8 +19,11 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import transformers
+
+from cmt.profile.report import covered
 
 spans: list[tuple[float, float]] = []
 lock = threading.Lock()
@@ -46,15 +49,6 @@ def wrap(name: str) -> None:
     setattr(torch.Tensor, name, timed)
 
 
-def union(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if b > end:
-            total += b - max(a, end)
-            end = b
-    return total
-
-
 def main() -> None:
     work = Path(sys.argv[1])
     model_dir = next(p for p in sorted(work.glob("hf-llama-*l")) if (p / "model.safetensors").exists())
@@ -70,11 +64,11 @@ def main() -> None:
     torch.cuda.synchronize()
     t1 = time.perf_counter()
     assert next(model.parameters()).is_cuda
-    first = min(a for a, _ in spans) if spans else t1
-    last = max(b for _, b in spans) if spans else t1
+    starts, ends = np.array([a for a, _ in spans] or [t1]), np.array([b for _, b in spans] or [t1])
+    busy = float(covered(starts, ends)[0])
     print(json.dumps({"model": model_dir.name, "inner_s": round(t1 - t0, 4), "copy_calls": len(spans),
-                      "copies_union_s": round(union(spans), 4), "before_first_s": round(first - t0, 4),
-                      "after_last_s": round(t1 - last, 4), "rest_s": round(t1 - t0 - union(spans), 4)}),
+                      "copies_union_s": round(busy, 4), "before_first_s": round(starts.min() - t0, 4),
+                      "after_last_s": round(t1 - ends.max(), 4), "rest_s": round(t1 - t0 - busy, 4)}),
           flush=True)
 
 

@@ -200,7 +200,7 @@ bool Engine::make(CUcontext ctx, const std::optional<Settings>& first) {
   const Settings most = p->setup_settings();
   p->setup_start_ns = monotonic_ns();
   p->setup_bytes = static_cast<uint64_t>(buffers_of(most) + kSpareSlots) * chunk_of(most);
-  const double gbps = staging_faulted_ahead() ? kRegisterGBps : kSetupGBps;  // GB/s = bytes per ns
+  const double gbps = staging_ahead().waiting ? kRegisterGBps : kSetupGBps;  // GB/s = bytes per ns
   p->setup_expected_ns = static_cast<uint64_t>(static_cast<double>(p->setup_bytes) / gbps);
   p->passed_bytes = 0;
   pipelines_.push_back(p);
@@ -284,7 +284,7 @@ bool Engine::may_wait_for_setup(Pipeline* p, const CopyRequest& req, uint64_t* d
   const uint64_t elapsed = now - p->setup_start_ns;
   if (p->setup_expected_ns > elapsed && p->setup_expected_ns - elapsed > share) return false;  // not done by then
   // Nor while more staging is still being faulted in ahead than can be in its share.
-  if (static_cast<double>(staging_pending_bytes()) / kSetupGBps > static_cast<double>(share)) return false;
+  if (static_cast<double>(staging_ahead().pending_bytes) / kSetupGBps > static_cast<double>(share)) return false;
   p->setup_wait_left_ns -= share;
   *deadline = now + share;
   log::debug_once(copies_a_lot ? 0x5e7b : 0x5e7a, "a large copy came while the staging was being set up%s: it "

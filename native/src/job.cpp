@@ -232,8 +232,7 @@ int Job::await_slot(size_t b, int lane) {
 // Runs the host's side of piece p of block b in slot s: by its own lane (own), or by a lane that
 // took it over.
 bool Job::do_piece(size_t p, size_t b, int s, bool own, int lane) {
-  const size_t i = p - plan.piece_off[b];
-  const size_t off = i * plan.piece_len[b], len = std::min(plan.piece_len[b], plan.block_len(b) - off);
+  const size_t off = plan.piece_start(p, b), len = std::min(plan.piece_len[b], plan.block_len(b) - off);
   char* buf = staging(b, s) + off;
   const bool h2d = plan.dir == Direction::HtoD;
   if (!h2d) host->prepare_drain(plan.block_off[b] + off + len);
@@ -279,8 +278,7 @@ bool Job::take_over(size_t block, int lane) {
                                : now - lanes_[l].claimed.load(std::memory_order_acquire) > stall_ns_ &&
                                      slot_ready(s, blocks_[b].use);
     if (!stalled) continue;
-    const size_t off = plan.block_off[b] + (p - plan.piece_off[b]) * plan.piece_len[b];
-    if (since && host->in_disk_io(off)) continue;  // a disk read or write under way: only waiting
+    if (since && host->in_disk_io(plan.block_off[b] + plan.piece_start(p, b))) continue;  // a disk read or write under way: only waiting
     Slot& sl = (*ring)[s];
     sl.late.fetch_add(1, std::memory_order_acq_rel);  // before the piece is ours: its lane gives it back
     uint8_t open = Open;

@@ -189,21 +189,15 @@ void staging_reserve_start(CUdevice dev, int slots, size_t bytes) {
   }
 }
 
-bool staging_faulted_ahead() {
+StagingAhead staging_ahead() {
   std::lock_guard<std::mutex> lock(g_mutex);
+  StagingAhead ahead;
   for (const Reserve* r : g_reserves) {
-    if (r && !r->closed) return true;
+    if (!r || r->closed) continue;
+    ahead.waiting = true;
+    ahead.pending_bytes += static_cast<size_t>(r->pending) * r->bytes;
   }
-  return false;
-}
-
-size_t staging_pending_bytes() {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  size_t pending = 0;
-  for (const Reserve* r : g_reserves) {
-    if (r && !r->closed) pending += static_cast<size_t>(r->pending) * r->bytes;
-  }
-  return pending;
+  return ahead;
 }
 
 int map_staging(void** mem, int n, size_t bytes, int dev, bool any) {

@@ -30,10 +30,13 @@ void staging_reserve_start(CUdevice dev, int slots, size_t bytes);
 // taken from is closed: what it did not give is unmapped.
 int map_staging(void** mem, int n, size_t bytes, int dev, bool any);
 
-// Whether staging faulted in ahead is waiting for a setup now (one then mostly registers it).
-bool staging_faulted_ahead();
-// How many bytes of it are still being faulted in (a setup that takes them waits for them).
-size_t staging_pending_bytes();
+// The staging faulted in ahead that waits for a setup now: whether there is any (a setup then mostly
+// registers it), and how many of its bytes are still being faulted in (a setup waits for them).
+struct StagingAhead {
+  bool waiting = false;
+  size_t pending_bytes = 0;
+};
+StagingAhead staging_ahead();
 
 // A forked child has none of the reserves' pages (MADV_DONTFORK): it forgets them.
 void staging_reserve_forget_after_fork();

@@ -37,6 +37,7 @@ struct TransferPlan {
 
   size_t block_len(size_t b) const { return block_off[b + 1] - block_off[b]; }
   int pieces_in(size_t b) const { return static_cast<int>(piece_off[b + 1] - piece_off[b]); }
+  size_t piece_start(size_t p, size_t b) const { return (p - piece_off[b]) * piece_len[b]; }  // in block b
   size_t block_of(size_t p) const {
     return static_cast<size_t>(std::upper_bound(piece_off.begin(), piece_off.end(), p) - piece_off.begin()) - 1;
   }

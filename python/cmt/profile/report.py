@@ -95,6 +95,18 @@ def share(c: Copies) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def covered(starts: np.ndarray, ends: np.ndarray) -> tuple[Any, Any]:
+    """The time that intervals [start, end) cover, overlaps counted once, and the span from the
+    earliest start to the latest end, in the intervals' unit (there is at least one)."""
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    reach = np.maximum.accumulate(ends)  # the latest end so far: a start beyond it opens a new stretch
+    opens = np.concatenate(([True], starts[1:] > reach[:-1]))
+    first = np.nonzero(opens)[0]
+    last = np.concatenate((first[1:] - 1, [len(starts) - 1]))
+    return (reach[last] - starts[first]).sum(), reach[-1] - starts[0]
+
+
 def in_flight(c: Copies) -> dict[str, Any]:
     """When copies ran: the time with at least one copy call in flight (the union of the calls, every
     thread's), the span from the first call's start to the last one's end, and how many threads made
@@ -103,15 +115,9 @@ def in_flight(c: Copies) -> dict[str, Any]:
     time is elsewhere."""
     if len(c) == 0:
         return {"seconds": 0.0, "span_seconds": 0.0, "threads": 0}
-    order = np.argsort(c.start_ns, kind="stable")
-    starts, ends = c.start_ns[order].astype(np.int64), c.end_ns[order].astype(np.int64)
-    reach = np.maximum.accumulate(ends)  # the latest end so far: a start beyond it opens a new stretch
-    opens = np.concatenate(([True], starts[1:] > reach[:-1]))
-    first = np.nonzero(opens)[0]
-    last = np.concatenate((first[1:] - 1, [len(starts) - 1]))
-    busy = int((reach[last] - starts[first]).sum())
+    busy, span = covered(c.start_ns.astype(np.int64), c.end_ns.astype(np.int64))
     threads = len({(int(p), int(t)) for p, t in zip(c.pid, c.tid, strict=True)})
-    return {"seconds": busy / 1e9, "span_seconds": int(reach[-1] - starts[0]) / 1e9, "threads": threads}
+    return {"seconds": int(busy) / 1e9, "span_seconds": int(span) / 1e9, "threads": threads}
 
 
 def processes(rec: Recording) -> list[dict[str, Any]]:
