@@ -1,11 +1,13 @@
-"""Whether cmt.io's cold reads gain from more bytes in flight (issue 24: cold, fastsafetensors'
-16 threads x 16 MiB O_DIRECT reads, 256 MiB in flight, loaded a 3.9 GB model in 1.34-1.65 s where
-cmt.io, with 4 staging buffers of 8 MiB in flight, took 1.88-2.11 s; H100, 2026-12-07).
+"""Whether cmt.io's cold reads gain from more bytes in flight (issue 24: cold, fastsafetensors
+loaded a 3.9 GB model in 1.34-1.65 s where cmt.io, with 4 staging buffers of 8 MiB in flight, took
+1.88-2.11 s; H100, 2026-12-07). fastsafetensors 0.5 reads with 16 threads, each with two 512 KiB
+pinned buffers: 512 KiB O_DIRECT reads claimed in file order, each sent on its own stream, 16 in flight.
 
 Each configuration runs in fresh processes taken in turn, the file evicted (posix_fadvise) before
-each read: cmt.io with N staging buffers of M MiB (its lanes read one buffer's bytes each, so N x M
-is what the disk has in flight), and fastsafetensors' own load of the same file. Prints JSON lines,
-then each configuration's median GB/s.
+each read: cmt.io with N staging buffers of M MiB (its lanes read a buffer's bytes in pieces, one
+read per lane in flight), and fastsafetensors' own load of the same file. Each round takes the
+configurations in a turned order. Prints JSON lines (cmt.io's with the bytes it read O_DIRECT and
+through the page cache), then each configuration's median GB/s.
 
     python3 research/cold_depth.py /tmp/cmt-io [--rounds 2] [--configs 4x8,16x8,16x16,32x8,fst]
     (PyTorch and a GPU; makes the 3.6 GiB file of research/load_setup.py if missing)
@@ -43,6 +45,7 @@ def one(model: Path, config: str) -> dict:
         done = sum(x.numel() * x.element_size() for x in tensors.values())
     else:
         import cmt.io
+        from cmt.io._lib import counters
 
         buffers, mib = (int(v) for v in config.split("x"))
         buf = torch.empty(size, dtype=torch.uint8, device="cuda")
@@ -50,10 +53,14 @@ def one(model: Path, config: str) -> dict:
             # the engine's setup for these settings (the whole ring), outside the timer
             f.read(buf, size=min(size, 2 * buffers * mib * MiB))
             evict(model)
+            before = counters()
             t0 = time.perf_counter()
             done = f.read(buf, size=size)
             torch.cuda.synchronize()
             t = time.perf_counter() - t0
+        after = counters()
+        ways = {k: after[k] - before[k] for k in ("direct_bytes", "buffered_bytes")}
+        return {"config": config, "seconds": round(t, 3), "gbps": round(done / t / 1e9, 3), **ways}
     return {"config": config, "seconds": round(t, 3), "gbps": round(done / t / 1e9, 3)}
 
 
@@ -74,8 +81,9 @@ def main() -> None:
         args.folder.mkdir(parents=True, exist_ok=True)
         make_model(model, 3.6)
     runs: dict[str, list[float]] = {c: [] for c in args.configs.split(",")}
-    for _ in range(args.rounds):
-        for config in runs:
+    order = list(runs)
+    for r in range(args.rounds):
+        for config in order[r % len(order):] + order[:r % len(order)]:
             try:
                 out = subprocess.run([sys.executable, __file__, str(args.folder), "--one", config],
                                      capture_output=True, text=True, timeout=120)
