@@ -126,9 +126,9 @@ for mode in "${modes[@]}"; do
                     --seconds-max "${COLD_SECONDS:-240}" --json "$OUT/cold-read-modes.json" > "$OUT/cold-read-modes.txt"
                   rc=$?; cat "$OUT/cold-read-modes.txt"; rm -f /tmp/cmt-io/cold-read-4g.bin /tmp/cmt-io/cold-read-4g.bin.making
                   [ $rc -eq 0 ]; } ;;
-    colddepth) mkdir -p /tmp/cmt-io && timeout 300 python3 research/cold_depth.py /tmp/cmt-io ${CONFIGS:+--configs $CONFIGS} \
-                 --rounds "${ROUNDS:-2}" 2>&1 | grep -v "^cmt\[" |
-                 tee "$OUT/cold-depth.txt" ;;
+    colddepth) mkdir -p /tmp/cmt-io && { stat -f -c "file system: %T" /tmp/cmt-io
+                 timeout 300 python3 research/cold_depth.py /tmp/cmt-io ${CONFIGS:+--configs $CONFIGS} \
+                   --rounds "${ROUNDS:-2}" 2>&1 | grep -v "^cmt\["; } | tee "$OUT/cold-depth.txt" ;;
     fullprofile) mkdir -p /tmp/cmt-fw
                for w in hf-load safetensors-cuda; do
                  s=$(python3 -c "from cmt.bench import workloads as w; print(w.select('$w')[0].path)")
