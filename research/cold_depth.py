@@ -6,7 +6,9 @@ pinned buffers: 512 KiB O_DIRECT reads claimed in file order, each sent on its o
 Each configuration runs in fresh processes taken in turn, the file evicted (posix_fadvise) before
 each read: cmt.io with N staging buffers of M MiB (its lanes read a buffer's bytes in pieces, one
 read per lane in flight), and fastsafetensors' own load of the same file. Each round takes the
-configurations in a turned order. Prints JSON lines (cmt.io's with the bytes it read O_DIRECT and
+configurations in a turned order. Since 2026-12-07 the engine keeps at most 2 of N buffers in
+flight for a read mostly from the disk (file_transfer.cpp): a cold NxM with N > 2 now measures 2xM.
+Prints JSON lines (cmt.io's with the bytes it read O_DIRECT and
 through the page cache), then each configuration's median GB/s.
 
     python3 research/cold_depth.py /tmp/cmt-io [--rounds 2] [--configs 4x8,16x8,16x16,32x8,fst]

@@ -233,7 +233,10 @@ Pipeline* Engine::claim(const CopyRequest& req, Pass* pass, CUevent* tail) {
     Pipeline* p = find(req.ctx);
     if (!p) {
       std::optional<Settings> first;
-      if (req.setup_for_these) first = req.settings;
+      if (req.setup_for_these) {
+        first = req.settings;
+        first->buffers = std::max(first->buffers, req.setup_buffers);
+      }
       if (!make(req.ctx, first)) break;
       continue;
     }
