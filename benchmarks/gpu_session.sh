@@ -54,6 +54,8 @@
 #            then with research/large_calls_probe.c (which large memset/memcpy/allocation takes the faults),
 #            research/fill_bench.c plainly and under cmt (large fills of fresh memory),
 #            then under cmt profile: np.asarray's time, page faults and pinning calls (-> jax-asarray.txt)
+#   loadcold the cold model-load of cmt.io and of fastsafetensors, twice each in turn, under CMT_LOG=debug
+#            and CMT_STATS=1 (where cmt.io's cold load loses time its cold read does not) (-> load-cold.txt)
 #   models   cmt bench workloads of the model-load family (every loader warm and cold, the C++ loader);
 #            QUICK=1 for the 0.5 GB model; CACHE=warm or cold for half (the whole family at 3.9 GB may
 #            not fit one call); ONLY=NAME,... for those workloads     (-> workloads.json)
@@ -177,11 +179,18 @@ for mode in "${modes[@]}"; do
              echo cmt; LD_PRELOAD=$(python3 -c "from cmt.native import library_path; print(library_path())") /tmp/fill_bench 512; done
            COLUMNS=150 timeout 100 python3 -m cmt profile -- python3 research/jax_asarray.py; } \
            2>&1 | grep -v "^cmt\[" | tee "$OUT/jax-asarray.txt" ;;
+    loadcold) mkdir -p /tmp/cmt-fw
+              s=$(python3 -c "from cmt.bench import workloads as w; print(w.select('model-load-cmt-io-cold')[0].path)")
+              timeout 90 python3 "$s" --loader cmt-io --cache cold --work-dir /tmp/cmt-fw --prepare > /dev/null 2>&1
+              for k in 1 2; do for l in cmt-io fastsafetensors; do
+                echo "== $l"; CMT_LOG=debug CMT_STATS=1 timeout 60 python3 "$s" --loader $l --cache cold --work-dir /tmp/cmt-fw 2>&1 |
+                  grep -v "plan:" | cut -c1-300
+              done; done | tee "$OUT/load-cold.txt" | grep -E "^==|inner|set up" | cut -c1-200 ;;
     models) only=${ONLY:-$(python3 -c 'import os; from cmt.bench import workloads as w; c = os.environ.get("CACHE", "")
 print(",".join(n for n in w.names() if n.startswith("model-load") and n.endswith(c)))')}
             COLUMNS=150 timeout 540 python3 -m cmt bench workloads --only "$only" ${QUICK:+--quick} ${ROUNDS:+--rounds $ROUNDS} --out "$OUT" 2>&1 |
               tail -40 ;;
-    *) echo "unknown mode $mode (install, tests, core, firstuse, copy, load, doctor, io, ioacc, streamcheck, coldread, colddepth, fullprofile, turns, small, firstcopies, hfspan, mappedwarm, frameworks, setup, jax, models, all)"; false ;;
+    *) echo "unknown mode $mode (install, tests, core, firstuse, copy, load, doctor, io, ioacc, streamcheck, coldread, colddepth, fullprofile, turns, small, firstcopies, hfspan, mappedwarm, frameworks, setup, jax, loadcold, models, all)"; false ;;
   esac || { status=1; echo "== $mode failed"; }
 done
 ls -l "$OUT"

@@ -96,7 +96,7 @@ namespace {
 // A read from the disk keeps at most this many staging buffers' blocks in flight. Its lanes then
 // read a narrow window of the file, in order: cold 3.6 GiB reads from 2 x 8 MiB buffers ran at
 // 3.25-3.68 GB/s (median 3.51, six processes) against 2.70-3.65 (median 3.12, seven) from 4, 2.73
-// from 8 and 2.59 from 16 x 16 MiB, and fastsafetensors' 16 reads of 512 KiB in file order 3.55
+// from 8 and 2.59 from 16 x 16 MiB, and fastsafetensors' 16 reads of 512 KiB in file order 3.57
 // (H100, 2026-12-07, research/cold_depth.py). Two still overlap one block's DMA with the next's reads.
 constexpr int64_t kColdBuffers = 2;
 
