@@ -11,7 +11,7 @@ flight for a read mostly from the disk (file_transfer.cpp): a cold NxM with N > 
 Prints JSON lines (cmt.io's with the bytes it read O_DIRECT and
 through the page cache), then each configuration's median GB/s.
 
-    python3 research/cold_depth.py /tmp/cmt-io [--rounds 2] [--configs 4x8,16x8,16x16,32x8,fst]
+    python3 research/cold_depth.py /tmp/cmt-io [--rounds 2] [--configs 4x8,16x8,16x16,32x8,4x8+30008,fst]
     (PyTorch and a GPU; makes the 3.6 GiB file of research/load_setup.py if missing)
 """
 
@@ -29,7 +29,8 @@ MiB = 1 << 20
 
 
 def one(model: Path, config: str) -> dict:
-    """This process's cold read of the whole file with `config`: NxM (cmt.io) or fst."""
+    """This process's cold read of the whole file with `config`: NxM (cmt.io), NxM+OFF (cmt.io from file
+    offset OFF to the end, as load_safetensors reads a data section that starts unaligned), or fst."""
     import torch
     from load_setup import evict
 
@@ -49,7 +50,9 @@ def one(model: Path, config: str) -> dict:
         import cmt.io
         from cmt.io._lib import counters
 
-        buffers, mib = (int(v) for v in config.split("x"))
+        ring, _, at = config.partition("+")
+        buffers, mib = (int(v) for v in ring.split("x"))
+        off = int(at or 0)
         buf = torch.empty(size, dtype=torch.uint8, device="cuda")
         with cmt.io.open(model, "r", settings={"buffers": buffers, "chunk_bytes": mib * MiB}) as f:
             # the engine's setup for these settings (the whole ring), outside the timer
@@ -57,7 +60,7 @@ def one(model: Path, config: str) -> dict:
             evict(model)
             before = counters()
             t0 = time.perf_counter()
-            done = f.read(buf, size=size)
+            done = f.read(buf, size=size - off, file_offset=off)
             torch.cuda.synchronize()
             t = time.perf_counter() - t0
         after = counters()
