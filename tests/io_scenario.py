@@ -34,6 +34,13 @@ PRELUDE = textwrap.dedent('''
         if not cached:
             evict(path)
 
+    def cold_file(folder, name, n, seed):
+        """A file of n pattern bytes out of the page cache, and a device buffer for them: (path, bytes, buffer)."""
+        path = os.path.join(folder, name)
+        data = pattern(n, seed)
+        make_file(path, data, cached=False)
+        return path, data, drv.mem_alloc(n)
+
     def device_with(data, extra=0):
         d = drv.mem_alloc(len(data) + extra)
         if data:

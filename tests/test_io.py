@@ -72,10 +72,7 @@ def test_uncached_aligned_reads_go_o_direct_and_cached_ones_through_the_page_cac
     if not o_direct_works(tmp_path):
         pytest.skip(f"{tmp_path} has no O_DIRECT (tmpfs?)")
     run_scenario(run_python, f'''
-        path = os.path.join({str(tmp_path)!r}, "weights.bin")
-        data = pattern(16 * MiB + 5000, 2)
-        make_file(path, data, cached=False)
-        d = drv.mem_alloc(len(data))
+        path, data, d = cold_file({str(tmp_path)!r}, "weights.bin", 16 * MiB + 5000, 2)
         with cmt.io.open(path) as f:
             assert cmt.io._lib.resident_fraction(f.fileno(), 0, len(data)) < 0.1
             n, cold = counted(lambda: f.read((d, len(data))))
@@ -104,10 +101,7 @@ def test_a_cold_read_keeps_two_of_its_buffers_in_flight_and_the_ring_stays_whole
     if not o_direct_works(tmp_path):
         pytest.skip(f"{tmp_path} has no O_DIRECT (tmpfs?)")
     proc = run_scenario(run_python, f'''
-        path = os.path.join({str(tmp_path)!r}, "cold.bin")
-        data = pattern(24 * MiB, 21)
-        make_file(path, data, cached=False)
-        d = drv.mem_alloc(len(data))
+        path, data, d = cold_file({str(tmp_path)!r}, "cold.bin", 24 * MiB, 21)
         with cmt.io.open(path, settings={{"threads": 3, "buffers": 4, "chunk_bytes": MiB}}) as f:
             n, cold = counted(lambda: f.read((d, len(data))))
             assert n == len(data) and drv.peek(d, n) == data
@@ -131,10 +125,7 @@ def test_a_lane_whose_piece_is_taken_over_does_not_read_the_disk_again(run_pytho
     run_scenario(run_python, f'''
         import json
         from cmt import native
-        path = os.path.join({str(tmp_path)!r}, "f.bin")
-        data = pattern(16 * MiB, 13)
-        make_file(path, data, cached=False)
-        d = drv.mem_alloc(len(data))
+        path, data, d = cold_file({str(tmp_path)!r}, "f.bin", 16 * MiB, 13)
         with cmt.io.open(path, settings={{"threads": 3, "buffers": 1, "chunk_bytes": MiB}}) as f:
             n, moved = counted(lambda: f.read((d, len(data))))
         assert n == len(data) and drv.peek(d, n) == data
