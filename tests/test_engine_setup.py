@@ -160,6 +160,28 @@ def test_a_copy_does_not_wait_for_a_setup_that_cannot_end_in_its_share(fake_driv
     assert "waits for it" not in log
 
 
+def test_the_time_a_setup_paused_for_a_passed_copy_is_not_its_progress(fake_driver_dir):
+    # The first 64 MiB device-to-host copy after a context took 8 ms under cmt against 5 plain (H100,
+    # 2026-12-07): the setup had paused 5 ms for the copy before it, the copy's wait counted that as
+    # progress, found the setup due, waited its 3.4 ms share for nothing and went to the driver. Here
+    # the setup of 26 x 1 MiB (3 ms to pin each) is expected to take 95 ms (a test hook); the first
+    # copy (4 MiB at 0.05 GB/s, over 84 ms) pauses it most of that time; the second would wait 2 ms at
+    # most, and comes while the setup still runs (tried again if a loaded runner made it come later):
+    # it goes to the driver at once.
+    plan = ";".join(f"{d}:1=threads:2,buffers:24,chunk_bytes:1048576|driver:1" for d in ("h2d", "d2h"))
+    for _ in range(3):
+        s = CopyServer(fake_driver_dir, **CREATED, CMT_PLAN=plan, CMT_TEST_HOOKS="guard=0,setup_expected_ms=95",
+                       FAKE_CUDA_HOST_ALLOC_US="3000", FAKE_CUDA_PAGEABLE_GBPS="0.05", CMT_LOG="debug")
+        first = s("one_way", direction="h2d", size=4 * MIB)
+        second = s("one_way", direction="d2h", size=4 * MIB, seed=1)
+        log = s.close()
+        assert first["bytes_ok"] and second["bytes_ok"] and outcome(first, "h2d") == {"warming": 1}, log
+        if outcome(second, "d2h") == {"warming": 1}:  # it came while the setup ran
+            break
+    assert outcome(second, "d2h") == {"warming": 1}, log
+    assert "waits for it" not in log, log
+
+
 def test_after_the_setup_s_worth_of_passed_copies_a_copy_waits_for_it(fake_driver_dir):
     # A from_pretrained's copies of 4-128 MiB all went to the driver during a 100 ms setup (H200,
     # 2026-12-06); each one's share of a wait was a few milliseconds. Here the plan's driver figure
