@@ -238,10 +238,7 @@ Pipeline* Engine::claim(const CopyRequest& req, Pass* pass, CUevent* tail) {
     Pipeline* p = find(req.ctx);
     if (!p) {
       std::optional<Settings> first;
-      if (req.setup_for_these) {
-        first = req.settings;
-        first->buffers = std::max(first->buffers, req.setup_buffers);
-      }
+      if (req.setup_for_these) first = req.settings;
       if (!make(req.ctx, first)) break;
       continue;
     }
@@ -512,7 +509,8 @@ CUresult Engine::copy(const CopyRequest& req, uint64_t* ran_ns, Pass* pass) {
   // pipeline; only copies beyond that (the tuner's trials, a plan replaced since, a program's copies
   // after a cmt.io transfer) make it grow here.
   ContextResources* res = nullptr;
-  const int slots = fit(p, req.ctx, static_cast<int>(std::min<size_t>(buffers_of(st), j.plan.blocks)), chunk, &res);
+  const int wanted = req.max_in_flight > 0 ? std::min(buffers_of(st), req.max_in_flight) : buffers_of(st);
+  const int slots = fit(p, req.ctx, static_cast<int>(std::min<size_t>(wanted, j.plan.blocks)), chunk, &res);
   if (slots < 1) return CUDA_ERROR_NOT_READY;
   const int buffers = slots + kSpareSlots;
   if (timeline::enabled()) {

@@ -30,9 +30,9 @@ struct CopyRequest {
   // If this copy makes its context's pipeline: its setup pins staging for these settings, not for
   // the plan's largest rule (cmt.io's transfers, which do not follow the copy plan).
   bool setup_for_these = false;
-  // With it, the setup pins this many buffers if more than `settings` has (a cold read that uses
-  // fewer of them: file_transfer.cpp), for the transfers that come after.
-  int64_t setup_buffers = 0;
+  // At most this many of the settings' buffers in flight (0: all of them): a read from the disk
+  // (file_transfer.cpp). The ring is still sized for all of them, for the transfers that follow.
+  int max_in_flight = 0;
   // The plan's figure for the driver's own copy of this size, GB/s (0: none): how long a copy that
   // finds the setup running may wait for it (Engine::claim).
   double driver_gbps = 0;

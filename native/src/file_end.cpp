@@ -204,17 +204,16 @@ size_t FileEnd::try_direct(char* buf, uint64_t pos, size_t len, bool write, int*
   return done;
 }
 
-bool FileEnd::reads_cold(size_t off, size_t len, size_t sample, int samples) {
+bool FileEnd::reads_cold(size_t len, size_t sample) {
+  constexpr int kSamples = 8;
   if (!allow_direct_ || !file_.may_direct() || len == 0) return false;
   sample = std::min(std::max<size_t>(sample, 1), len);
-  const size_t span = len - sample;
   double cached = 0;
-  for (int k = 0; k < samples; ++k) {
-    const uint64_t at = base_ + off + (samples > 1 ? span / (samples - 1) * k : 0);
-    const double f = resident_fraction(file_.fd(), at, sample);
+  for (int k = 0; k < kSamples; ++k) {
+    const double f = resident_fraction(file_.fd(), base_ + (len - sample) / (kSamples - 1) * k, sample);
     cached += f < 0 ? 0 : f;  // a fraction that cannot be told counts as not cached, as for a piece
   }
-  return cached / samples < kCachedFraction;
+  return cached / kSamples < kCachedFraction;
 }
 
 bool FileEnd::in_disk_io(size_t off) {

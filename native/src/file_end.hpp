@@ -88,9 +88,9 @@ class FileEnd final : public HostEnd {
   CUresult fill(char* staging, size_t off, size_t len, bool streaming) override;
   CUresult drain(const char* staging, size_t off, size_t len, bool streaming) override;
   bool in_disk_io(size_t off) override;
-  // Whether a read of [off, off + len) will mostly go to the disk O_DIRECT: the page cache holds
-  // less than half of the `samples` ranges of `sample` bytes spread over it (cheap for any length).
-  bool reads_cold(size_t off, size_t len, size_t sample, int samples = 8);
+  // Whether a read of its first `len` bytes will mostly go to the disk O_DIRECT: the page cache holds
+  // less than half of 8 ranges of `sample` bytes spread over them (cheap for any length).
+  bool reads_cold(size_t len, size_t sample);
 
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   int error() const { return err_; }               // errno; 0 when the file ended early

@@ -98,22 +98,22 @@ namespace {
 // 3.25-3.68 GB/s (median 3.51, six processes) against 2.70-3.65 (median 3.12, seven) from 4, 2.73
 // from 8 and 2.59 from 16 x 16 MiB, and fastsafetensors' 16 reads of 512 KiB in file order 3.57
 // (H100, 2026-12-07, research/cold_depth.py). Two still overlap one block's DMA with the next's reads.
-constexpr int64_t kColdBuffers = 2;
+constexpr int kColdBuffers = 2;
 
 // One engine copy of [part_off, part_off + len) of the request; false with *res set on failure.
 bool copy_part(const Driver& d, const IoRequest& q, CUcontext ctx, CUstream stream, uint64_t part_off, size_t len,
                IoResult* res) {
   FileEnd end(*q.file, q.file_off + part_off);
-  Settings settings = q.settings;
-  if (q.dir == Direction::HtoD && settings.buffers > kColdBuffers &&
-      end.reads_cold(0, len, static_cast<size_t>(settings.chunk_bytes))) {
-    settings.buffers = kColdBuffers;
-    log::debug_once(0x903, "a read mostly from the disk (O_DIRECT) keeps %lld of its %lld buffers in flight",
-                    static_cast<long long>(kColdBuffers), static_cast<long long>(q.settings.buffers));
-  }
-  CopyRequest req{q.dir, ctx, nullptr, q.device + part_off, len, stream, settings, &end};
+  CopyRequest req{q.dir, ctx, nullptr, q.device + part_off, len, stream, q.settings, &end};
   req.setup_for_these = true;
-  req.setup_buffers = q.settings.buffers;
+  // (Only a read of more blocks than that can keep fewer in flight: no page-cache check for the rest.)
+  const size_t chunk = static_cast<size_t>(q.settings.chunk_bytes);
+  if (q.dir == Direction::HtoD && q.settings.buffers > kColdBuffers && len > kColdBuffers * chunk &&
+      end.reads_cold(len, chunk)) {
+    req.max_in_flight = kColdBuffers;
+    log::debug_once(0x903, "a read mostly from the disk (O_DIRECT) keeps %d of its %lld buffers in flight",
+                    kColdBuffers, static_cast<long long>(q.settings.buffers));
+  }
   CUresult r = engine_copy(req);
   if (r == CUDA_ERROR_NOT_READY && !end.failed()) r = copy_through_driver(d, q.dir, req.device, len, stream, end);
   // A file-to-device copy returns once its bytes are staged: the transfer is done once its DMAs are.
