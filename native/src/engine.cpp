@@ -104,6 +104,7 @@ struct Pipeline {
   uint64_t setup_paused_at_start_ns = 0;  // setup_paused_ns() then
   uint64_t setup_bytes = 0;     // the staging its setup pins
   uint64_t setup_expected_ns = 0;  // how long that should take (kSetupGBps, kRegisterGBps)
+  uint64_t resources_ns = 0;  // what its streams and events took to make (the debug log)
   uint64_t passed_bytes = 0;  // what its copies passed to the driver during the setup (pipelines_mutex_)
   StagingRing ring;
   DmaStreams dma;
@@ -299,9 +300,12 @@ bool Engine::may_wait_for_setup(Pipeline* p, const CopyRequest& req, uint64_t* d
   p->setup_wait_left_ns -= share;
   *deadline = now + share;
   log::debug_once(copies_a_lot ? 0x5e7b : 0x5e7a, "a large copy came while the staging was being set up%s: it "
-                  "waits for it up to %.1f ms (copies may wait %.0f ms in all)",
+                  "waits for it up to %.1f ms (copies may wait %.0f ms in all; the setup's work so far %.1f ms "
+                  "of %.1f expected, %.1f ms paused)",
                   copies_a_lot ? ", after the program had passed more than the staging to the driver" : "",
-                  static_cast<double>(share) / 1e6, static_cast<double>(kSetupWaitBudgetNs) / 1e6);
+                  static_cast<double>(share) / 1e6, static_cast<double>(kSetupWaitBudgetNs) / 1e6,
+                  static_cast<double>(worked) / 1e6, static_cast<double>(p->setup_expected_ns) / 1e6,
+                  static_cast<double>(paused) / 1e6);
   return true;
 }
 
@@ -338,11 +342,13 @@ void Engine::prepare(Pipeline* p) {
     const uint64_t t1 = monotonic_ns();
     pool_.prestart(threads_of(most) - 1);
     log::write(log::Level::Debug, "staging pipeline set up: %d buffers of %zu bytes in %.1f ms (%d faulted in ahead; "
-               "pages faulted in %.1f ms, the driver's part %.1f ms, of which %.1f ms paused for copies passed "
-               "meanwhile), %d workers started in %.1f ms", p->ring.count(), p->ring.slot_bytes(),
-               static_cast<double>(t1 - t0) / 1e6, p->ring.reserved(),
-               static_cast<double>(p->ring.map_ns()) / 1e6, static_cast<double>(p->ring.pin_ns()) / 1e6,
-               static_cast<double>(setup_paused_ns()) / 1e6, threads_of(most) - 1,
+               "streams and events %.1f ms, pages faulted in %.1f ms, the driver's part %.1f ms; %.1f ms paused for "
+               "copies passed meanwhile; done %.1f ms after it was asked for), %d workers started in %.1f ms",
+               p->ring.count(), p->ring.slot_bytes(), static_cast<double>(t1 - t0) / 1e6, p->ring.reserved(),
+               static_cast<double>(p->resources_ns) / 1e6, static_cast<double>(p->ring.map_ns()) / 1e6,
+               static_cast<double>(p->ring.pin_ns()) / 1e6,
+               static_cast<double>(setup_paused_ns() - p->setup_paused_at_start_ns) / 1e6,
+               static_cast<double>(t1 - p->setup_start_ns) / 1e6, threads_of(most) - 1,
                static_cast<double>(monotonic_ns() - t1) / 1e6);
   }
   if (recording()) {  // (`cmt profile`: when copies found it still running, and for how long)
@@ -360,7 +366,9 @@ void Engine::prepare(Pipeline* p) {
 
 int Engine::fit(Pipeline* p, CUcontext ctx, int slots, size_t chunk, ContextResources** res,
                 void (*before_each)()) {
+  const uint64_t t0 = monotonic_ns();
   if (!(*res = p->dma.for_context(ctx, slots + kSpareSlots))) return 0;
+  p->resources_ns = monotonic_ns() - t0;
   // The spares stand in for slots a late lane may still touch (job.hpp).
   if (!p->ring.ensure(slots + kSpareSlots, chunk, before_each)) {  // fewer slots, or none
     slots = std::min(slots, p->ring.count() - kSpareSlots);

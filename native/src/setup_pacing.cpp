@@ -23,7 +23,8 @@ void count_in_flight() {
   g_copies_in_flight.fetch_add(1, std::memory_order_acq_rel);
 }
 
-std::atomic<uint64_t> g_setup_paused_ns{0};  // for the debug log
+std::atomic<uint64_t> g_setup_paused_ns{0};  // the pauses ended so far
+std::atomic<uint64_t> g_pause_since_ns{0};   // when the pause under way began (0: none)
 // A copy that takes longer gets a buffer pinned under it. Registering one 8 MiB buffer holds the
 // driver for about 0.25 ms (2 ms per 64 MiB, H200), so a copy loses little; a pause of up to 500 ms
 // let back-to-back large copies starve the setup (H100, 2026-12-06: CuPy's five 1 GiB `get()`s
@@ -36,14 +37,24 @@ void let_copies_through() {
   if (g_copies_in_flight.load(std::memory_order_acquire) == 0) return;
   const uint64_t ended = g_copies_ended.load(std::memory_order_acquire);
   const uint64_t start = monotonic_ns();
+  g_pause_since_ns.store(start, std::memory_order_release);
   while (g_copies_in_flight.load(std::memory_order_acquire) > 0 &&
          g_copies_ended.load(std::memory_order_acquire) == ended && monotonic_ns() - start < kMaxSetupPauseNs) {
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
-  g_setup_paused_ns.fetch_add(monotonic_ns() - start, std::memory_order_relaxed);
+  const uint64_t end = monotonic_ns();
+  g_pause_since_ns.store(0, std::memory_order_release);
+  g_setup_paused_ns.fetch_add(end - start, std::memory_order_acq_rel);
 }
 
-uint64_t setup_paused_ns() { return g_setup_paused_ns.load(std::memory_order_relaxed); }
+// A pause under way counts up to now: a copy that comes during one must not take it for the setup's
+// work (Engine::may_wait_for_setup).
+uint64_t setup_paused_ns() {
+  const uint64_t since = g_pause_since_ns.load(std::memory_order_acquire);
+  const uint64_t ended = g_setup_paused_ns.load(std::memory_order_acquire);
+  const uint64_t now = since ? monotonic_ns() : 0;
+  return ended + (since && now > since ? now - since : 0);
+}
 
 void setup_begins() {
   g_preparing.fetch_add(1, std::memory_order_acq_rel);

@@ -41,7 +41,7 @@ void setup_ends();
 // few milliseconds), then lets the setup pin even if another has started, so that back-to-back
 // copies cannot hold it back for long.
 void let_copies_through();
-// How long the setups paused in let_copies_through, in all (for the debug log).
+// How long the setups paused in let_copies_through, in all, the pause under way included.
 uint64_t setup_paused_ns();
 
 }  // namespace cmt
