@@ -62,6 +62,8 @@ void StagingRing::abandon() {
   }
   count_ = 0;
   slot_bytes_ = 0;
+  pins_.store(0, std::memory_order_release);  // a later setup's progress starts afresh
+  pinned_.store(0, std::memory_order_release);
 }
 
 bool StagingRing::ensure(int slots, size_t bytes, void (*before_each)()) {
@@ -87,6 +89,10 @@ bool StagingRing::ensure(int slots, size_t bytes, void (*before_each)()) {
   const uint64_t t = monotonic_ns();
   if (d_.cuMemHostRegister) reserved_ += map_staging(mapped, granted, slot_bytes_, device_, any_);
   map_ns_ += monotonic_ns() - t;
+  pinned_.store(0, std::memory_order_release);
+  pinned_ns_.store(0, std::memory_order_release);
+  pins_.store(granted, std::memory_order_release);
+  const uint64_t pin_ns_before = pin_ns_;
   for (int i = 0; i < granted; ++i) {
     if (!pin(d_, &slots_[count_], slot_bytes_, mapped[i], before_each, &pin_ns_)) {
       for (int j = i; j < granted; ++j) {  // this one (cuMemHostAlloc failed too) and the rest
@@ -96,6 +102,8 @@ bool StagingRing::ensure(int slots, size_t bytes, void (*before_each)()) {
       return false;
     }
     ++count_;
+    pinned_ns_.store(pin_ns_ - pin_ns_before, std::memory_order_release);
+    pinned_.store(i + 1, std::memory_order_release);
   }
   return all;
 }

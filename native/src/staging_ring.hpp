@@ -65,6 +65,16 @@ class StagingRing {
     any_ = any;
   }
   uint64_t pin_ns() const { return pin_ns_; }
+  // How far the running ensure() has got, for other threads: the buffers it pins, those pinned so
+  // far, and the driver's time for them.
+  struct Progress {
+    int pins = 0, pinned = 0;
+    uint64_t pin_ns = 0;
+  };
+  Progress progress() const {
+    return {pins_.load(std::memory_order_acquire), pinned_.load(std::memory_order_acquire),
+            pinned_ns_.load(std::memory_order_acquire)};
+  }
   // Which end of the slots the last device-to-host copy used (place_transfer turns it over).
   bool* flipped() { return &flipped_; }
 
@@ -75,6 +85,8 @@ class StagingRing {
   size_t slot_bytes_ = 0;
   bool flipped_ = false;
   uint64_t map_ns_ = 0, pin_ns_ = 0;
+  std::atomic<int> pins_{0}, pinned_{0};
+  std::atomic<uint64_t> pinned_ns_{0};
   int device_ = -1;
   bool any_ = false;
   int reserved_ = 0;
