@@ -135,6 +135,33 @@ def test_a_lane_whose_piece_is_taken_over_does_not_read_the_disk_again(run_pytho
     ''', CMT_TEST_HOOKS="wait_setup=1,guard=0,park_piece=3,park_us=150000")
 
 
+def test_lanes_that_wait_for_their_slots_dma_are_not_taken_for_stalled(run_python, tmp_path):
+    # Cold reads on the H100 of 2026-12-07 had 176-183 of their 7,460 pieces taken over from lanes
+    # that were only waiting: a lane claims its piece long before its block gets a slot, then waits
+    # for the slot's DMA, and a lane that checks for stalls saw that DMA done before the waiting
+    # lane had woken. Here one slot carries every block (1 MiB DMAs at 0.25 GB/s), 5 lanes read
+    # 512 KiB pieces (the 3 without a piece of the next block check for stalls), and the lane that
+    # waits in the driver for a DMA wakes 100 us after it (a test knob of the stand-in). Taking
+    # those for stalled took 56-93 pieces over; a lane is stalled only once its slot has been known
+    # ready for the stall limit (0.2 ms). A loaded runner may deschedule a lane for real: a few.
+    proc = run_scenario(run_python, f'''
+        import json
+        from cmt import native
+        path = os.path.join({str(tmp_path)!r}, "warm.bin")
+        data = pattern(64 * MiB, 5)
+        make_file(path, data)
+        d = drv.mem_alloc(len(data))
+        with cmt.io.open(path, settings={{"threads": 5, "buffers": 1, "chunk_bytes": MiB}}) as f:
+            n, moved = counted(lambda: f.read((d, len(data))))
+        assert n == len(data) and drv.peek(d, n) == data
+        events = json.loads(native._read_string(native.load().cmt_stats_json))["events"]
+        print("taken over", events["taken_over"])
+        assert events["taken_over"] <= 8, events
+    ''', CMT_TEST_HOOKS="wait_setup=1,guard=0,piece=524288", FAKE_CUDA_COPY_GBPS="0.25",
+        FAKE_CUDA_EVENT_WAKE_US="100")
+    assert "taken over" in proc.stdout, proc.stdout
+
+
 def test_a_slow_disk_read_holds_up_its_own_slot_only(run_python, tmp_path):
     # fastsafetensors' 16 threads, each reading and sending on its own, loaded a cold file faster than
     # cmt.io with as many bytes in flight (H100, 2026-12-07). In a ring where block b waits for block

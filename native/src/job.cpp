@@ -76,6 +76,17 @@ void Job::fail(CUresult r) {
   next.store(plan.pieces, std::memory_order_relaxed);  // the other lanes stop claiming
 }
 
+// Slot sl's DMAs up to `use` are finished (`known`: what the caller last read of known_done). The time
+// it became known starts the clock of a lane that waited for it (take_over).
+static void mark_known_done(Slot& sl, long known, long use) {
+  while (known < use) {
+    if (sl.known_done.compare_exchange_weak(known, use, std::memory_order_acq_rel)) {
+      sl.known_at.store(monotonic_ns(), std::memory_order_release);
+      return;
+    }
+  }
+}
+
 // Whether DMA `use` of slot s is finished, asking the driver if nobody knows yet (a lane that took
 // on the wait in the driver may itself be descheduled).
 bool Job::slot_ready(int s, long use) {
@@ -85,8 +96,7 @@ bool Job::slot_ready(int s, long use) {
   if (known >= use) return true;
   if (sl.uses.load(std::memory_order_acquire) != use) return false;
   if (CUevent e = sl.last_event; e && driver().cuEventQuery(e) != CUDA_SUCCESS) return false;
-  while (known < use && !sl.known_done.compare_exchange_weak(known, use, std::memory_order_acq_rel)) {
-  }
+  mark_known_done(sl, known, use);
   return true;
 }
 
@@ -135,9 +145,7 @@ bool Job::wait_done(int s, long use) {
     }
   }
   if (timeline::enabled()) timeline::note(timeline::Step::DmaDone, sl.last_block.load(std::memory_order_relaxed));
-  long known = sl.known_done.load(std::memory_order_relaxed);
-  while (known < use && !sl.known_done.compare_exchange_weak(known, use, std::memory_order_acq_rel)) {
-  }
+  mark_known_done(sl, sl.known_done.load(std::memory_order_relaxed), use);
   return true;
 }
 
@@ -274,9 +282,14 @@ bool Job::take_over(size_t block, int lane) {
     const int s = blocks_[b].slot.load(std::memory_order_acquire);
     if ((block != kNoPiece && b != block) || s < 0) continue;
     const uint64_t since = lanes_[l].since.load(std::memory_order_acquire);
+    // A lane that has not begun its piece is stalled only if its slot has been ready a while: it
+    // may have waited for the slot's DMA, which this very check may be the first to see done (cold
+    // reads, whose lanes wait long for their blocks' slots, had 176-183 pieces of 7,460 taken over
+    // from lanes that were only waiting; H100, 2026-12-07).
     const bool stalled = since ? now - since > stall_ns_
                                : now - lanes_[l].claimed.load(std::memory_order_acquire) > stall_ns_ &&
-                                     slot_ready(s, blocks_[b].use);
+                                     slot_ready(s, blocks_[b].use) &&
+                                     monotonic_ns() - (*ring)[s].known_at.load(std::memory_order_acquire) > stall_ns_;
     if (!stalled) continue;
     if (since && host->in_disk_io(plan.block_off[b] + plan.piece_start(p, b))) continue;  // a disk read or write under way: only waiting
     Slot& sl = (*ring)[s];

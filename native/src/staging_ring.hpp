@@ -25,6 +25,7 @@ struct Slot {
   // For the copy in flight (its DMAs numbered 1, 2, ... per slot; 0 is the one before the copy):
   std::atomic<long> uses{0};           // DMAs queued
   std::atomic<long> known_done{-1};    // DMAs known finished
+  std::atomic<uint64_t> known_at{0};   // when known_done last moved on (monotonic ns)
   std::atomic<long> sync_claimed{-1};  // the DMA a lane has taken on to wait for in the driver
   std::atomic<int> late{0};            // lanes whose piece was taken over and that may still touch it
   std::atomic<long> last_block{-1};    // the block of its last DMA (for CMT_TRACE)

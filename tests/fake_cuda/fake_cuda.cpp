@@ -294,6 +294,9 @@ struct Global {
   // own staging; here it takes this much longer.
   double first_pageable_us = 0;
   std::atomic<bool> pageable_copied{false};
+  // FAKE_CUDA_EVENT_WAKE_US: cuEventSynchronize returns this long after its event completed, as a
+  // thread asleep in a real driver's blocking wait wakes some time after the GPU's work is done.
+  double event_wake_us = 0;
   uintptr_t va_base = 0;
   size_t va_len = 0;
   std::mutex dev_mu;  // devices' VA lists + retain counts
@@ -388,6 +391,7 @@ void do_init() {
   g.reuse_contexts = reuse && *reuse && strcmp(reuse, "0") != 0;
   g.host_alloc_us = env_double("FAKE_CUDA_HOST_ALLOC_US");
   g.first_pageable_us = env_double("FAKE_CUDA_FIRST_PAGEABLE_US");
+  g.event_wake_us = env_double("FAKE_CUDA_EVENT_WAKE_US");
   if (n == 0) {
     g.init_result = CUDA_ERROR_NO_DEVICE;
     return;
@@ -2150,6 +2154,7 @@ FAKE_EXPORT CUresult cuEventSynchronize(CUevent h) {
   bool rec;
   event_snapshot(e, s, seq, rec);
   if (rec) wait_done(s, seq);
+  if (G().event_wake_us > 0) std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(G().event_wake_us));
   return CUDA_SUCCESS;
 }
 FAKE_EXPORT CUresult cuEventQuery(CUevent h) {
