@@ -56,6 +56,9 @@
 #            then under cmt profile: np.asarray's time, page faults and pinning calls (-> jax-asarray.txt)
 #   loadcold the cold model-load of cmt.io and of fastsafetensors, twice each in turn, under CMT_LOG=debug
 #            and CMT_STATS=1 (where cmt.io's cold load loses time its cold read does not) (-> load-cold.txt)
+#   coldturns  the cold model-load of each of $LOADERS (default cmt-io,fastsafetensors,runai), one fresh
+#            process each, $ROUNDS (default 4) rounds in turn, each round in a turned order; then each
+#            loader's median (the comparison issue 24 asks for, without cmt run's half)  (-> cold-turns.txt)
 #   models   cmt bench workloads of the model-load family (every loader warm and cold, the C++ loader);
 #            QUICK=1 for the 0.5 GB model; CACHE=warm or cold for half (the whole family at 3.9 GB may
 #            not fit one call); ONLY=NAME,... for those workloads     (-> workloads.json)
@@ -186,11 +189,27 @@ for mode in "${modes[@]}"; do
                 echo "== $l"; CMT_LOG=debug CMT_STATS=1 timeout 60 python3 "$s" --loader $l --cache cold --work-dir /tmp/cmt-fw 2>&1 |
                   grep -v "plan:" | cut -c1-300
               done; done | tee "$OUT/load-cold.txt" | grep -E "^==|inner|set up" | cut -c1-200 ;;
+    coldturns) mkdir -p /tmp/cmt-fw
+              s=$(python3 -c "from cmt.bench import workloads as w; print(w.select('model-load-cmt-io-cold')[0].path)")
+              timeout 90 python3 "$s" --loader cmt-io --cache cold --work-dir /tmp/cmt-fw --prepare > /dev/null 2>&1
+              IFS=, read -ra ls <<< "${LOADERS:-cmt-io,fastsafetensors,runai}"
+              for k in $(seq 0 $(( ${ROUNDS:-4} - 1 ))); do for i in "${!ls[@]}"; do l=${ls[$(( (i + k) % ${#ls[@]} ))]}
+                t=$(timeout 60 python3 "$s" --loader "$l" --cache cold --work-dir /tmp/cmt-fw 2>&1 |
+                    grep -o '"inner_s": [0-9.]*' | cut -d' ' -f2)
+                echo "$l ${t:-failed} $(date -u +%T) load $(cut -d' ' -f1 /proc/loadavg)"
+              done; done | tee "$OUT/cold-turns.txt"
+              python3 -c 'import statistics, sys, collections
+r = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    f = line.split()
+    if f[1] != "failed": r[f[0]].append(float(f[1]))
+for l, v in r.items(): print(f"{l}: median {statistics.median(v):.2f} s over {len(v)} ({min(v):.2f}-{max(v):.2f})")' \
+                "$OUT/cold-turns.txt" | tee -a "$OUT/cold-turns.txt" ;;
     models) only=${ONLY:-$(python3 -c 'import os; from cmt.bench import workloads as w; c = os.environ.get("CACHE", "")
 print(",".join(n for n in w.names() if n.startswith("model-load") and n.endswith(c)))')}
             COLUMNS=150 timeout 540 python3 -m cmt bench workloads --only "$only" ${QUICK:+--quick} ${ROUNDS:+--rounds $ROUNDS} --out "$OUT" 2>&1 |
               tail -40 ;;
-    *) echo "unknown mode $mode (install, tests, core, firstuse, copy, load, doctor, io, ioacc, streamcheck, coldread, colddepth, fullprofile, turns, small, firstcopies, hfspan, mappedwarm, frameworks, setup, jax, loadcold, models, all)"; false ;;
+    *) echo "unknown mode $mode (install, tests, core, firstuse, copy, load, doctor, io, ioacc, streamcheck, coldread, colddepth, fullprofile, turns, small, firstcopies, hfspan, mappedwarm, frameworks, setup, jax, loadcold, coldturns, models, all)"; false ;;
   esac || { status=1; echo "== $mode failed"; }
 done
 ls -l "$OUT"
