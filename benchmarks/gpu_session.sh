@@ -35,6 +35,7 @@
 #   colddepth  research/cold_depth.py: cold whole-file reads of 3.6 GiB in fresh processes taken in turn,
 #            cmt.io with 4x8, 16x8, 16x16 and 32x8 MiB of staging in flight against fastsafetensors'
 #            own load, $ROUNDS (default 2) rounds, about 2 minutes; CONFIGS=4x8,fst,... for some
+#            (e.g. 2x8,32x0.5/piece=524288/cold_buffers=0,fst: fastsafetensors' geometry in the engine)
 #                                                                      (-> cold-depth.txt)
 #   fullprofile  the full-size hf-load (3.8 GB from_pretrained) and safetensors-cuda (2 GiB load_file) workloads
 #            under cmt profile, each with its trace, then with every copy passed to the driver (--passthrough):

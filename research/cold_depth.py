@@ -7,11 +7,15 @@ Each configuration runs in fresh processes taken in turn, the file evicted (posi
 each read: cmt.io with N staging buffers of M MiB (its lanes read a buffer's bytes in pieces, one
 read per lane in flight), and fastsafetensors' own load of the same file. Each round takes the
 configurations in a turned order. Since 2026-12-07 the engine keeps at most 2 of N buffers in
-flight for a read mostly from the disk (file_transfer.cpp): a cold NxM with N > 2 now measures 2xM.
+flight for a read mostly from the disk (file_transfer.cpp): a cold NxM with N > 2 now measures 2xM,
+unless the config sets the engine's test hooks after slashes: NxM/cold_buffers=0 keeps all N in flight,
+and 32x0.5/piece=524288/cold_buffers=0 reads as fastsafetensors does (each 512 KiB block one lane's
+piece, 32 in flight, a slow read holding up its own block only). M may be a fraction of a MiB.
 Prints JSON lines (cmt.io's with the bytes it read O_DIRECT and
 through the page cache), then each configuration's median GB/s.
 
-    python3 research/cold_depth.py /tmp/cmt-io [--rounds 2] [--configs 4x8,16x8,16x16,32x8,4x8+30008,fst]
+    python3 research/cold_depth.py /tmp/cmt-io [--rounds 2]
+        [--configs 4x8,16x8,4x8+30008,32x0.5/piece=524288/cold_buffers=0,fst]
     (PyTorch and a GPU; makes the 3.6 GiB file of research/load_setup.py if missing)
 """
 
@@ -30,7 +34,13 @@ MiB = 1 << 20
 
 def one(model: Path, config: str) -> dict:
     """This process's cold read of the whole file with `config`: NxM (cmt.io), NxM+OFF (cmt.io from file
-    offset OFF to the end, as load_safetensors reads a data section that starts unaligned), or fst."""
+    offset OFF to the end, as load_safetensors reads a data section that starts unaligned), either with
+    /HOOK=N test hooks after it, or fst."""
+    import os
+
+    ring_part, *hooks = config.split("/")
+    if hooks:  # read by the engine when cmt loads, below
+        os.environ["CMT_TEST_HOOKS"] = ",".join(hooks)
     import torch
     from load_setup import evict
 
@@ -50,13 +60,14 @@ def one(model: Path, config: str) -> dict:
         import cmt.io
         from cmt.io._lib import counters
 
-        ring, _, at = config.partition("+")
-        buffers, mib = (int(v) for v in ring.split("x"))
+        ring, _, at = ring_part.partition("+")
+        n, m = ring.split("x")
+        buffers, chunk = int(n), int(float(m) * MiB)
         off = int(at or 0)
         buf = torch.empty(size, dtype=torch.uint8, device="cuda")
-        with cmt.io.open(model, "r", settings={"buffers": buffers, "chunk_bytes": mib * MiB}) as f:
+        with cmt.io.open(model, "r", settings={"buffers": buffers, "chunk_bytes": chunk}) as f:
             # the engine's setup for these settings (the whole ring), outside the timer
-            f.read(buf, size=min(size, 2 * buffers * mib * MiB))
+            f.read(buf, size=min(size, 2 * buffers * chunk))
             evict(model)
             before = counters()
             t0 = time.perf_counter()

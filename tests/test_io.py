@@ -116,6 +116,21 @@ def test_a_cold_read_keeps_two_of_its_buffers_in_flight_and_the_ring_stays_whole
     assert "staging pipeline set up: 6 buffers of 1048576 bytes" in proc.stderr, proc.stderr
 
 
+def test_a_cold_read_in_fastsafetensors_geometry_is_exact(run_python, tmp_path):
+    # research/cold_depth.py's next comparison: blocks of 512 KiB, each one lane's piece (test hook
+    # piece=), 32 buffers and a cap set by the hook cold_buffers= instead of the engine's 2.
+    if not o_direct_works(tmp_path):
+        pytest.skip(f"{tmp_path} has no O_DIRECT (tmpfs?)")
+    proc = run_scenario(run_python, f'''
+        path, data, d = cold_file({str(tmp_path)!r}, "cold.bin", 24 * MiB + 8192, 23)
+        with cmt.io.open(path, settings={{"threads": 4, "buffers": 32, "chunk_bytes": MiB // 2}}) as f:
+            n, cold = counted(lambda: f.read((d, len(data))))
+        assert n == len(data) and drv.peek(d, n) == data
+        assert cold["direct_bytes"] == len(data), cold
+    ''', CMT_LOG="debug", CMT_TEST_HOOKS="wait_setup=1,guard=0,piece=524288,cold_buffers=24")
+    assert "a read mostly from the disk (O_DIRECT) keeps 24 of its 32 buffers in flight" in proc.stderr, proc.stderr
+
+
 def test_a_lane_whose_piece_is_taken_over_does_not_read_the_disk_again(run_python, tmp_path):
     # The lane that claims piece 3 is parked for 150 ms (a test hook), so another lane takes its piece
     # over (job.hpp); a piece read O_DIRECT is then read once, by whichever lane came first. One slot:

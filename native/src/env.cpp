@@ -97,6 +97,7 @@ void read_test_hooks(Env& e) {
     else if (ok && key == "wait_setup" && n <= 1) e.test_wait_setup = n == 1;
     else if (ok && key == "setup_delay_us") e.test_setup_delay_us = n;
     else if (ok && key == "setup_expected_ms") e.test_setup_expected_ms = n;
+    else if (ok && key == "cold_buffers") e.test_cold_buffers = n;
     else if (ok && key == "fault_us") e.test_fault_us = n;
     else if (ok && key == "reserve_hold_ms") e.test_reserve_hold_ms = n;
     else if (ok && key == "reserve" && n <= 1) e.test_reserve = n == 1;
@@ -112,7 +113,7 @@ void read_test_hooks(Env& e) {
     else if (ok && key == "read_slow_us") e.test_read_slow_us = n;
     else if (ok && key == "disk_slow_at") e.test_disk_slow_at = n;
     else if (ok && key == "disk_slow_us") e.test_disk_slow_us = n;
-    else warn("CMT_TEST_HOOKS item", item.c_str(), "piece=, late_start_us=, busy_cpus=, guard=0, wait_setup=1, setup_delay_us=, setup_expected_ms=, park_piece=, park_us=, park_before=1, maps=1, mapped_fail=1, rotational=, read_eio=, read_eio_once=1, read_slow_after=, read_slow_us=, disk_slow_at=, disk_slow_us=, sysfs=, node=");
+    else warn("CMT_TEST_HOOKS item", item.c_str(), "piece=, late_start_us=, busy_cpus=, guard=0, wait_setup=1, setup_delay_us=, setup_expected_ms=, cold_buffers=, park_piece=, park_us=, park_before=1, maps=1, mapped_fail=1, rotational=, read_eio=, read_eio_once=1, read_slow_after=, read_slow_us=, disk_slow_at=, disk_slow_us=, sysfs=, node=");
   }
 }
 

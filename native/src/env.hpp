@@ -32,6 +32,7 @@ struct Env {
   bool test_wait_setup = false;  // wait_setup=1: copies wait for their pipeline's setup (one copy is staged)
   long test_setup_delay_us = 0;  // setup_delay_us=US: the setup takes US longer, outside the driver (page faults)
   long test_setup_expected_ms = -1;  // setup_expected_ms=MS: what the engine expects a setup to take
+  long test_cold_buffers = -1;  // cold_buffers=N: a cold read's blocks in flight (0: all; research/cold_depth.py)
   long test_fault_us = 0;        // fault_us=US: each staging buffer takes US longer to fault in (a slow host)
   long test_reserve_hold_ms = -1;  // reserve_hold_ms=MS: staging faulted in ahead is let go after MS
   bool test_reserve = true;        // reserve=0: no staging is faulted in ahead (A/B runs)

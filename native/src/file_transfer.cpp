@@ -14,6 +14,7 @@
 #include "bounce_pool.hpp"
 #include "driver.hpp"
 #include "engine.hpp"
+#include "env.hpp"
 #include "log.hpp"
 #include "prefault.hpp"
 #include "settings.hpp"
@@ -108,11 +109,13 @@ bool copy_part(const Driver& d, const IoRequest& q, CUcontext ctx, CUstream stre
   req.setup_for_these = true;
   // (Only a read of more blocks than that can keep fewer in flight: no page-cache check for the rest.)
   const size_t chunk = static_cast<size_t>(q.settings.chunk_bytes);
-  if (q.dir == Direction::HtoD && q.settings.buffers > kColdBuffers && len > kColdBuffers * chunk &&
+  // (CMT_TEST_HOOKS cold_buffers=N: another cap, 0 for none; research/cold_depth.py compares them)
+  const int cold = env().test_cold_buffers >= 0 ? static_cast<int>(env().test_cold_buffers) : kColdBuffers;
+  if (cold > 0 && q.dir == Direction::HtoD && q.settings.buffers > cold && len > static_cast<size_t>(cold) * chunk &&
       end.reads_cold(len, chunk)) {
-    req.max_in_flight = kColdBuffers;
-    log::debug_once(0x903, "a read mostly from the disk (O_DIRECT) keeps %d of its %lld buffers in flight",
-                    kColdBuffers, static_cast<long long>(q.settings.buffers));
+    req.max_in_flight = cold;
+    log::debug_once(0x903, "a read mostly from the disk (O_DIRECT) keeps %d of its %lld buffers in flight", cold,
+                    static_cast<long long>(q.settings.buffers));
   }
   CUresult r = engine_copy(req);
   if (r == CUDA_ERROR_NOT_READY && !end.failed()) r = copy_through_driver(d, q.dir, req.device, len, stream, end);
