@@ -116,6 +116,30 @@ def test_a_cold_read_keeps_two_of_its_buffers_in_flight_and_the_ring_stays_whole
     assert "staging pipeline set up: 6 buffers of 1048576 bytes" in proc.stderr, proc.stderr
 
 
+def test_lanes_that_wait_milliseconds_for_their_slots_leave_the_cpus_alone(run_python, tmp_path):
+    # A cold read's lanes wait milliseconds for their blocks' slots, at the disk's pace. Spinning and
+    # yielding, they held every CPU meanwhile: here 5 lanes waiting for one slot's 10 ms DMAs (1 MiB
+    # at 0.1 GB/s) burnt 1.8 of the runner's 2 CPUs. After a millisecond a wait naps (spin.hpp):
+    # about 0.6 CPUs, the stand-in's own copying included.
+    proc = run_scenario(run_python, f'''
+        import resource
+        path = os.path.join({str(tmp_path)!r}, "warm.bin")
+        data = pattern(32 * MiB, 5)
+        make_file(path, data)
+        d = drv.mem_alloc(len(data))
+        with cmt.io.open(path, settings={{"threads": 5, "buffers": 1, "chunk_bytes": MiB}}) as f:
+            f.read((d, 2 * MiB))  # the setup, outside
+            r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            n = f.read((d, len(data)))
+            t, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+        assert n == len(data) and drv.peek(d, n) == data
+        cpus = (r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime) / t
+        print(f"{{cpus:.2f}} CPUs over {{t:.3f}} s")
+        assert cpus < 1.1, cpus
+    ''', CMT_TEST_HOOKS="wait_setup=1,guard=0,piece=524288", FAKE_CUDA_COPY_GBPS="0.1")
+    assert "CPUs over" in proc.stdout, proc.stdout
+
+
 def test_a_cold_read_in_fastsafetensors_geometry_is_exact(run_python, tmp_path):
     # research/cold_depth.py's next comparison: blocks of 512 KiB, each one lane's piece (test hook
     # piece=), 32 buffers and a cap set by the hook cold_buffers= instead of the engine's 2.

@@ -103,13 +103,11 @@ bool Job::slot_ready(int s, long use) {
 // Waits until DMA `use` of slot s has finished. One lane waits in the driver; the others watch
 // known_done (many threads waiting on one event in the driver at once were measured to be slow).
 bool Job::wait_done(int s, long use) {
-  if (words) {  // the stream's DMA: a few µs to a block's transfer time; sleeps after a while
-    Backoff backoff;
-    const uint64_t start = monotonic_ns();
+  if (words) {  // the stream's DMA: a few µs to a block's transfer time; naps after a while
+    Backoff backoff(kMinStallNs);
     while (!gpu_done(s, use)) {
       if (failed()) return false;
-      if (monotonic_ns() - start > kMinStallNs) std::this_thread::sleep_for(std::chrono::microseconds(20));
-      else backoff.pause();
+      backoff.pause();
     }
     return true;
   }

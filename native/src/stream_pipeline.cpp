@@ -56,12 +56,8 @@ StreamGeometry stream_geometry(const IoRequest& q) {
 // Waits until the stream has written `word` to at least `target` (cyclic): spins briefly, then
 // sleeps, as the stream may be held for long.
 void wait_word(const uint32_t* word, uint32_t target) {
-  Backoff backoff;
-  const uint64_t start = monotonic_ns();
-  while (static_cast<int32_t>(__atomic_load_n(word, __ATOMIC_ACQUIRE) - target) < 0) {
-    if (monotonic_ns() - start < 200000) backoff.pause();
-    else std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
+  Backoff backoff(200000);
+  while (static_cast<int32_t>(__atomic_load_n(word, __ATOMIC_ACQUIRE) - target) < 0) backoff.pause();
 }
 
 }  // namespace
