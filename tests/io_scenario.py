@@ -34,12 +34,21 @@ PRELUDE = textwrap.dedent('''
         if not cached:
             evict(path)
 
-    def cold_file(folder, name, n, seed):
-        """A file of n pattern bytes out of the page cache, and a device buffer for them: (path, bytes, buffer)."""
+    def file_and_buffer(folder, name, n, seed, cached=True):
+        """A file of n pattern bytes (in the page cache or out of it), and a device buffer for them:
+        (path, bytes, buffer)."""
         path = os.path.join(folder, name)
         data = pattern(n, seed)
-        make_file(path, data, cached=False)
+        make_file(path, data, cached=cached)
         return path, data, drv.mem_alloc(n)
+
+    def cold_file(folder, name, n, seed):
+        return file_and_buffer(folder, name, n, seed, cached=False)
+
+    def engine_events():
+        """The engine's event counters (CMT_STATS' events: taken_over, ...)."""
+        from cmt import native
+        return json.loads(native._read_string(native.load().cmt_stats_json))["events"]
 
     def device_with(data, extra=0):
         d = drv.mem_alloc(len(data) + extra)

@@ -160,19 +160,18 @@ def test_a_copy_does_not_wait_for_a_setup_that_cannot_end_in_its_share(fake_driv
     assert "waits for it" not in log
 
 
-def test_the_time_a_setup_paused_for_a_passed_copy_is_not_its_progress(fake_driver_dir):
-    # The first 64 MiB device-to-host copy after a context took 8 ms under cmt against 5 plain (H100,
-    # 2026-12-07): the setup had paused 5 ms for the copy before it, the copy's wait counted that as
-    # progress, found the setup due, waited its 3.4 ms share for nothing and went to the driver. Here
-    # the setup of 26 x 1 MiB (3 ms to pin each) is expected to take 95 ms (a test hook); the first
-    # copy (4 MiB at 0.05 GB/s, over 84 ms) pauses it most of that time; the second would wait 2 ms at
-    # most, and comes while the setup still runs (tried again if a loaded runner made it come later):
-    # it goes to the driver at once.
+def _second_copy_during_the_setup(fake_driver_dir, expected_ms: int, gap_s: float = 0, **env: str) -> None:
+    """A setup of 26 x 1 MiB, 3 ms to pin each, expected (test hook) to take `expected_ms`; a first
+    4 MiB copy that starts it and goes to the driver, then, `gap_s` later, a second one that comes
+    while the setup still runs (tried again if a loaded runner made it come later). Asserts that the
+    second goes to the driver without waiting for the setup."""
     plan = ";".join(f"{d}:1=threads:2,buffers:24,chunk_bytes:1048576|driver:1" for d in ("h2d", "d2h"))
     for _ in range(3):
-        s = CopyServer(fake_driver_dir, **CREATED, CMT_PLAN=plan, CMT_TEST_HOOKS="guard=0,setup_expected_ms=95",
-                       FAKE_CUDA_HOST_ALLOC_US="3000", FAKE_CUDA_PAGEABLE_GBPS="0.05", CMT_LOG="debug")
+        s = CopyServer(fake_driver_dir, **CREATED, CMT_PLAN=plan,
+                       CMT_TEST_HOOKS=f"guard=0,setup_expected_ms={expected_ms}", FAKE_CUDA_HOST_ALLOC_US="3000",
+                       CMT_LOG="debug", **env)
         first = s("one_way", direction="h2d", size=4 * MIB)
+        time.sleep(gap_s)
         second = s("one_way", direction="d2h", size=4 * MIB, seed=1)
         log = s.close()
         assert first["bytes_ok"] and second["bytes_ok"] and outcome(first, "h2d") == {"warming": 1}, log
@@ -180,27 +179,24 @@ def test_the_time_a_setup_paused_for_a_passed_copy_is_not_its_progress(fake_driv
             break
     assert outcome(second, "d2h") == {"warming": 1}, log
     assert "waits for it" not in log, log
+
+
+def test_the_time_a_setup_paused_for_a_passed_copy_is_not_its_progress(fake_driver_dir):
+    # The first 64 MiB device-to-host copy after a context took 8 ms under cmt against 5 plain (H100,
+    # 2026-12-07): the setup had paused 5 ms for the copy before it, the copy's wait counted that as
+    # progress, found the setup due, waited its 3.4 ms share for nothing and went to the driver. Here
+    # the setup is expected to take 95 ms; the first copy (4 MiB at 0.05 GB/s, over 84 ms) pauses it
+    # most of that time; the second would wait 2 ms at most: it goes to the driver at once.
+    _second_copy_during_the_setup(fake_driver_dir, 95, FAKE_CUDA_PAGEABLE_GBPS="0.05")
 
 
 def test_a_setup_that_pins_slower_than_expected_is_judged_by_its_own_pace(fake_driver_dir):
     # The driver registers more slowly while the program's copies run in it: on the H100 of
     # 2026-12-07, 14 x 8 MiB took 14.9 ms beside the first two copies against 7 alone, and the
     # device-to-host copy that came at 8.5 ms of the 7.3 expected waited its share for nothing. Here
-    # the setup of 26 x 1 MiB is expected (a test hook) to take 10 ms but pins each buffer in 3 ms.
-    # A copy that comes 30 ms in, a few buffers pinned and many left, goes to the driver at once.
-    plan = ";".join(f"{d}:1=threads:2,buffers:24,chunk_bytes:1048576|driver:1" for d in ("h2d", "d2h"))
-    for _ in range(3):
-        s = CopyServer(fake_driver_dir, **CREATED, CMT_PLAN=plan, CMT_TEST_HOOKS="guard=0,setup_expected_ms=10",
-                       FAKE_CUDA_HOST_ALLOC_US="3000", CMT_LOG="debug")
-        first = s("one_way", direction="h2d", size=4 * MIB)
-        time.sleep(0.03)
-        second = s("one_way", direction="d2h", size=4 * MIB, seed=1)
-        log = s.close()
-        assert first["bytes_ok"] and second["bytes_ok"] and outcome(first, "h2d") == {"warming": 1}, log
-        if outcome(second, "d2h") == {"warming": 1}:  # it came while the setup ran
-            break
-    assert outcome(second, "d2h") == {"warming": 1}, log
-    assert "waits for it" not in log, log
+    # the setup is expected to take 10 ms but pins each buffer in 3 ms. A copy that comes 30 ms in,
+    # a few buffers pinned and many left, goes to the driver at once.
+    _second_copy_during_the_setup(fake_driver_dir, 10, gap_s=0.03)
 
 
 def test_after_the_setup_s_worth_of_passed_copies_a_copy_waits_for_it(fake_driver_dir):

@@ -123,10 +123,7 @@ def test_lanes_that_wait_milliseconds_for_their_slots_leave_the_cpus_alone(run_p
     # about 0.6 CPUs, the stand-in's own copying included.
     proc = run_scenario(run_python, f'''
         import resource
-        path = os.path.join({str(tmp_path)!r}, "warm.bin")
-        data = pattern(32 * MiB, 5)
-        make_file(path, data)
-        d = drv.mem_alloc(len(data))
+        path, data, d = file_and_buffer({str(tmp_path)!r}, "warm.bin", 32 * MiB, 5)
         with cmt.io.open(path, settings={{"threads": 5, "buffers": 1, "chunk_bytes": MiB}}) as f:
             f.read((d, 2 * MiB))  # the setup, outside
             r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
@@ -162,13 +159,11 @@ def test_a_lane_whose_piece_is_taken_over_does_not_read_the_disk_again(run_pytho
     if not o_direct_works(tmp_path):
         pytest.skip(f"{tmp_path} has no O_DIRECT (tmpfs?)")
     run_scenario(run_python, f'''
-        import json
-        from cmt import native
         path, data, d = cold_file({str(tmp_path)!r}, "f.bin", 16 * MiB, 13)
         with cmt.io.open(path, settings={{"threads": 3, "buffers": 1, "chunk_bytes": MiB}}) as f:
             n, moved = counted(lambda: f.read((d, len(data))))
         assert n == len(data) and drv.peek(d, n) == data
-        events = json.loads(native._read_string(native.load().cmt_stats_json))["events"]
+        events = engine_events()
         assert events["taken_over"] >= 1, events
         assert moved == {{"direct_bytes": len(data), "buffered_bytes": 0, "direct_refused_files": 0}}, moved
     ''', CMT_TEST_HOOKS="wait_setup=1,guard=0,park_piece=3,park_us=150000")
@@ -184,16 +179,11 @@ def test_lanes_that_wait_for_their_slots_dma_are_not_taken_for_stalled(run_pytho
     # those for stalled took 56-93 pieces over; a lane is stalled only once its slot has been known
     # ready for the stall limit (0.2 ms). A loaded runner may deschedule a lane for real: a few.
     proc = run_scenario(run_python, f'''
-        import json
-        from cmt import native
-        path = os.path.join({str(tmp_path)!r}, "warm.bin")
-        data = pattern(64 * MiB, 5)
-        make_file(path, data)
-        d = drv.mem_alloc(len(data))
+        path, data, d = file_and_buffer({str(tmp_path)!r}, "warm.bin", 64 * MiB, 5)
         with cmt.io.open(path, settings={{"threads": 5, "buffers": 1, "chunk_bytes": MiB}}) as f:
-            n, moved = counted(lambda: f.read((d, len(data))))
+            n = f.read((d, len(data)))
         assert n == len(data) and drv.peek(d, n) == data
-        events = json.loads(native._read_string(native.load().cmt_stats_json))["events"]
+        events = engine_events()
         print("taken over", events["taken_over"])
         assert events["taken_over"] <= 8, events
     ''', CMT_TEST_HOOKS="wait_setup=1,guard=0,piece=524288", FAKE_CUDA_COPY_GBPS="0.25",

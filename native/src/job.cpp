@@ -283,7 +283,8 @@ bool Job::take_over(size_t block, int lane) {
     // A lane that has not begun its piece is stalled only if its slot has been ready a while: it
     // may have waited for the slot's DMA, which this very check may be the first to see done (cold
     // reads, whose lanes wait long for their blocks' slots, had 176-183 pieces of 7,460 taken over
-    // from lanes that were only waiting; H100, 2026-12-07).
+    // from lanes that were only waiting; H100, 2026-12-07). (A fresh clock: slot_ready may have set
+    // known_at after `now`.)
     const bool stalled = since ? now - since > stall_ns_
                                : now - lanes_[l].claimed.load(std::memory_order_acquire) > stall_ns_ &&
                                      slot_ready(s, blocks_[b].use) &&
